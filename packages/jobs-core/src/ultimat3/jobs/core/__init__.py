@@ -1,0 +1,172 @@
+"""ultimat3-jobs core: durable background work with one driver protocol.
+
+Declare work with ``job()`` and ``task()``, queue it through a handle, run it with
+``job_worker()``; swap backends with ``set_job_driver()`` without touching a job.
+"""
+
+from .clock import SYSTEM_CLOCK, Clock, FrozenClock, SystemClock
+from .constants import (
+    DEFAULT_JOB_PAGE,
+    DEFAULT_QUEUE,
+    JOBS_CONCURRENCY_DEFAULT,
+    MAX_BULK_ROWS,
+    MAX_CONCURRENCY_KEY_LENGTH,
+    MAX_JOB_PAGE,
+    ON_SETTLED_ATTEMPTS,
+)
+from .context import JobContext, JobOutcome, Settled
+from .cursor import job_cursor
+from .errors import *  # noqa: F403
+from .errors import __all__ as _errors
+from .events import event_bus, memory_event_bus, publish_event, reset_event_bus, set_event_bus
+from .execute import JobExecution, execute_job, failure_verdict
+from .facade import job_driver, jobs_facade, reset_job_driver, set_job_driver, set_jobs_facade
+from .ids import new_id
+from .job import AnyJobHandle, Concurrency, JobDescriptor, JobHandle, job, job_lease_key
+from .memory import memory_job_driver
+from .model import (
+    LEASE_LAPSED_FINAL_ATTEMPT,
+    LIVE_STATES,
+    PROMOTABLE_STATES,
+    REQUEUEABLE_STATES,
+    AckOptions,
+    BulkFilter,
+    BulkResult,
+    ClaimedJob,
+    ClaimRef,
+    Enqueued,
+    EnqueueRequest,
+    JobFilter,
+    JobPage,
+    JobRow,
+    JobState,
+    NackOptions,
+    Progress,
+    QueueStats,
+    StepRecord,
+    claim_of,
+)
+from .nack import nack_counter, nack_state
+from .protocol import (
+    BackfillLedger,
+    ClaimBatch,
+    EventBus,
+    JobDriver,
+    JobIntrospection,
+    JobsFacade,
+    Leader,
+    LeaseStore,
+    OutboxStore,
+    QueueWake,
+    SchedulerState,
+)
+from .registry import Api, define_api, registered_jobs, registered_tasks
+from .retry import (
+    Retry,
+    equal_jitter,
+    is_final_attempt,
+    jitter_stated_delay,
+    register_error_retry,
+    retry_schedule,
+)
+from .signal import AbortController, AbortSignal
+from .steps import Step, StepSuspension
+from .task import AnyTaskHandle, TaskDescriptor, TaskHandle, task
+from .tenancy import Actor, cross_tenant, current_actor, require_org
+from .wake import signal_enqueued
+
+__all__ = [
+    *_errors,
+    "DEFAULT_JOB_PAGE",
+    "DEFAULT_QUEUE",
+    "JOBS_CONCURRENCY_DEFAULT",
+    "LEASE_LAPSED_FINAL_ATTEMPT",
+    "LIVE_STATES",
+    "MAX_BULK_ROWS",
+    "MAX_CONCURRENCY_KEY_LENGTH",
+    "MAX_JOB_PAGE",
+    "ON_SETTLED_ATTEMPTS",
+    "PROMOTABLE_STATES",
+    "REQUEUEABLE_STATES",
+    "SYSTEM_CLOCK",
+    "AbortController",
+    "AbortSignal",
+    "AckOptions",
+    "Actor",
+    "AnyJobHandle",
+    "AnyTaskHandle",
+    "Api",
+    "BackfillLedger",
+    "BulkFilter",
+    "BulkResult",
+    "ClaimBatch",
+    "ClaimRef",
+    "ClaimedJob",
+    "Clock",
+    "Concurrency",
+    "Enqueued",
+    "EnqueueRequest",
+    "EventBus",
+    "FrozenClock",
+    "JobContext",
+    "JobDescriptor",
+    "JobDriver",
+    "JobExecution",
+    "JobFilter",
+    "JobHandle",
+    "JobIntrospection",
+    "JobOutcome",
+    "JobPage",
+    "JobRow",
+    "JobState",
+    "JobsFacade",
+    "Leader",
+    "LeaseStore",
+    "NackOptions",
+    "OutboxStore",
+    "Progress",
+    "QueueStats",
+    "QueueWake",
+    "Retry",
+    "SchedulerState",
+    "Settled",
+    "Step",
+    "StepRecord",
+    "StepSuspension",
+    "SystemClock",
+    "TaskDescriptor",
+    "TaskHandle",
+    "claim_of",
+    "cross_tenant",
+    "current_actor",
+    "define_api",
+    "equal_jitter",
+    "event_bus",
+    "execute_job",
+    "failure_verdict",
+    "is_final_attempt",
+    "jitter_stated_delay",
+    "job",
+    "job_cursor",
+    "job_driver",
+    "job_lease_key",
+    "jobs_facade",
+    "memory_event_bus",
+    "memory_job_driver",
+    "nack_counter",
+    "nack_state",
+    "new_id",
+    "publish_event",
+    "register_error_retry",
+    "registered_jobs",
+    "registered_tasks",
+    "require_org",
+    "reset_event_bus",
+    "reset_job_driver",
+    "retry_schedule",
+    "set_event_bus",
+    "set_job_driver",
+    "set_jobs_facade",
+    "signal_enqueued",
+    "task",
+]

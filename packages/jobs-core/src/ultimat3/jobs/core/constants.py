@@ -1,0 +1,75 @@
+"""Named numbers of the library, each in one place."""
+
+from __future__ import annotations
+
+__all__ = [
+    "COUNTER_TIERS",
+    "DEFAULT_EVENT_POLL_S",
+    "DEFAULT_EVENT_TTL_S",
+    "DEFAULT_JOB_PAGE",
+    "DEFAULT_QUEUE",
+    "DEFAULT_VISIBILITY_TIMEOUT_S",
+    "DRAIN_DEADLINE_S",
+    "IDLE_POLL_CEILING_S",
+    "JOBS_CONCURRENCY_DEFAULT",
+    "MAX_BULK_ROWS",
+    "MAX_CATCH_UP",
+    "MAX_CONCURRENCY_KEY_LENGTH",
+    "MAX_JOB_PAGE",
+    "MAX_TASK_FIRES",
+    "MAX_WORKER_IN_FLIGHT",
+    "ON_SETTLED_ATTEMPTS",
+    "PAUSE_RECHECK_S",
+    "POLL_INTERVAL_S",
+    "PROGRESS_INTERVAL_S",
+    "RESUME_TIMER_WINDOW_S",
+    "WAKE_DUE_WITHIN_S",
+    "WAKE_SLOT_S",
+    "WOKEN_IDLE_POLL_CEILING_S",
+]
+
+DEFAULT_QUEUE = "default"
+JOBS_CONCURRENCY_DEFAULT = 8
+"""Slots of a queue the worker's ``concurrency`` table does not name."""
+
+DEFAULT_VISIBILITY_TIMEOUT_S = 30.0
+POLL_INTERVAL_S = 0.25
+"""The worker's claim interval while there is work."""
+IDLE_POLL_CEILING_S = 2.0
+"""Where the idle back-off stops doubling when no wake is proven."""
+WOKEN_IDLE_POLL_CEILING_S = 5.0
+"""The idle ceiling once a wake is proven live: notifications carry the latency, the poll is
+only the guarantee."""
+RESUME_TIMER_WINDOW_S = 60.0
+"""A row the worker handed back that falls due within this is woken by a local timer."""
+DRAIN_DEADLINE_S = 25.0
+"""How long the close phase of a drain waits for in-flight work."""
+
+DEFAULT_EVENT_POLL_S = 30.0
+DEFAULT_EVENT_TTL_S = 7 * 86400.0
+
+ON_SETTLED_ATTEMPTS = 3
+PROGRESS_INTERVAL_S = 1.0
+MAX_CONCURRENCY_KEY_LENGTH = 200
+
+MAX_JOB_PAGE = 200
+DEFAULT_JOB_PAGE = 100
+MAX_BULK_ROWS = 1_000
+MAX_WORKER_IN_FLIGHT = 100
+MAX_TASK_FIRES = 1_000
+
+MAX_CATCH_UP = 10
+PAUSE_RECHECK_S = 5.0
+
+WAKE_SLOT_S = 0.25
+"""One notification per queue per slot of this width; later rows in the slot stay silent."""
+WAKE_DUE_WITHIN_S = 1.0
+"""A row due further out than this is not announced; the poll finds it."""
+
+COUNTER_TIERS: tuple[tuple[int, int], ...] = (
+    (60, 24 * 3600),
+    (300, 7 * 24 * 3600),
+    (3600, 30 * 24 * 3600),
+)
+"""(bucket width, retention) in seconds: 1-minute buckets for a day, 5-minute for a week, hourly
+for thirty days — 1,440 + 2,016 + 720 = 4,176 rows per job name at most."""

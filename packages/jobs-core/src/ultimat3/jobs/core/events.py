@@ -1,0 +1,111 @@
+"""The event bus ``step.wait_for_event`` matches against, and the in-memory one.
+
+``publish_event`` goes to the installed bus: the one ``set_event_bus`` installed, else the
+installed driver's own (when it offers one), else this process's memory bus. ``reset_event_bus``
+is the test seam beside ``reset_job_driver``: an event stays matchable until it expires, so one
+test's answer would otherwise resume the next test's wait.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime, timedelta
+
+from . import facade
+from .clock import SYSTEM_CLOCK, Clock
+from .constants import DEFAULT_EVENT_TTL_S
+from .ids import new_id
+from .jsonvalue import json_contains, json_roundtrip
+from .model import EventRecord, JsonValue
+from .protocol import EventBus
+
+__all__ = [
+    "MemoryEventBus",
+    "event_bus",
+    "memory_event_bus",
+    "publish_event",
+    "reset_event_bus",
+    "set_event_bus",
+]
+
+
+class MemoryEventBus:
+    """Events in one process's heap, on one clock (the one it was given)."""
+
+    def __init__(self, clock: Clock = SYSTEM_CLOCK) -> None:
+        self._clock = clock
+        self._events: list[EventRecord] = []
+
+    async def publish(
+        self, event: str, payload: JsonValue, *, ttl: float | None = None
+    ) -> EventRecord:
+        now = self._clock.now()
+        record = EventRecord(
+            id=new_id(),
+            event=event,
+            payload=json_roundtrip(payload),
+            published_at=now,
+            expires_at=now + timedelta(seconds=DEFAULT_EVENT_TTL_S if ttl is None else ttl),
+        )
+        self._events.append(record)
+        return record
+
+    async def lookup(
+        self, event: str, *, since: datetime, match: Mapping[str, JsonValue] | None = None
+    ) -> EventRecord | None:
+        now = self._clock.now()
+        for record in self._events:
+            if (
+                record.event == event
+                and record.published_at >= since
+                and record.expires_at > now
+                and (match is None or json_contains(record.payload, match))
+            ):
+                return record
+        return None
+
+    async def now(self) -> datetime:
+        return self._clock.now()
+
+    async def purge_expired(self) -> int:
+        now = self._clock.now()
+        kept = [record for record in self._events if record.expires_at > now]
+        removed = len(self._events) - len(kept)
+        self._events = kept
+        return removed
+
+    def clear(self) -> None:
+        self._events.clear()
+
+
+def memory_event_bus(clock: Clock = SYSTEM_CLOCK) -> MemoryEventBus:
+    return MemoryEventBus(clock)
+
+
+_installed: EventBus | None = None
+_memory = MemoryEventBus()
+
+
+def set_event_bus(bus: EventBus | None) -> None:
+    global _installed
+    _installed = bus
+
+
+def event_bus() -> EventBus:
+    if _installed is not None:
+        return _installed
+    driver = facade._driver
+    if driver is not None and driver.events is not None:
+        return driver.events
+    return _memory
+
+
+def reset_event_bus() -> None:
+    """Forget every event of the process's memory bus and any installed bus."""
+    global _installed
+    _installed = None
+    _memory.clear()
+
+
+async def publish_event(event: str, payload: JsonValue, *, ttl: float | None = None) -> EventRecord:
+    return await event_bus().publish(event, payload, ttl=ttl)

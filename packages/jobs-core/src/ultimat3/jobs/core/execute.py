@@ -1,0 +1,620 @@
+"""One attempt of one claimed job, from parsing its input to telling ``on_settled``.
+
+How an attempt ends decides where the row goes and what is counted:
+
+============================  =============  ================  ==========
+the attempt ended by          outcome        attempt counted   jobs_total
+============================  =============  ================  ==========
+the body returning            completed      —                 ok
+step.sleep / wait_for_event   suspended      no                —
+a throw, attempts left        retried        yes               failed
+a throw, none left/terminal   dead-lettered  yes               dead
+the same, dead_letter=False   dropped        yes               failed
+the worker's drain            interrupted    no                —
+a busy key, when_busy='fail'  refused        no                failed
+============================  =============  ================  ==========
+
+The verdict on an aborted attempt is read off the signal, not off whatever the body raised while
+unwinding. ``on_settled`` runs only after the settle landed, under the job's tenant.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import time
+import traceback
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+from .clock import Clock
+from .constants import ON_SETTLED_ATTEMPTS, PROGRESS_INTERVAL_S
+from .context import JobContext, JobOutcome, Settled, SettledOutcome, StopReason
+from .errors import (
+    JobAbortedError,
+    JobDrainedError,
+    JobInputInvalidError,
+    JobKeyBusyError,
+    JobOnSettledFailedError,
+    JobsError,
+    JobTenantMismatchError,
+    JobTimeoutError,
+    LeaseLostError,
+)
+from .events import event_bus
+from .job import AnyJobHandle
+from .logs import LOGGER, log_event
+from .model import (
+    LEASE_LAPSED_FINAL_ATTEMPT,
+    AckOptions,
+    ClaimedJob,
+    ExhaustedJob,
+    JobState,
+    NackOptions,
+    Progress,
+    StepRecord,
+)
+from .protocol import EventBus, JobDriver
+from .registry import job_named
+from .retry import (
+    Retry,
+    backoff_delay,
+    equal_jitter,
+    error_code,
+    is_final_attempt,
+    jitter_stated_delay,
+    retry_after_seconds_of,
+    retry_classification,
+)
+from .signal import AbortController, AbortSignal, any_signal
+from .steps import Step, StepSuspension
+from .tenancy import Actor, use_actor
+
+__all__ = [
+    "FailureVerdict",
+    "JobExecution",
+    "announce_exhausted",
+    "execute_job",
+    "failure_verdict",
+    "refuse_job",
+]
+
+
+@dataclass
+class JobExecution:
+    """What one attempt did. ``settled`` is False when the settle matched nothing (the claim had
+    lapsed or the row was cancelled) — then nothing was written and nobody was told."""
+
+    job_id: str
+    run_id: str
+    name: str
+    attempt: int
+    outcome: JobOutcome
+    settled: bool
+    result: Any = None
+    error: BaseException | None = None
+    stop_reason: StopReason | None = None
+    resume_at: datetime | None = None
+    """When the row is due again (retried, suspended, interrupted)."""
+    progress: Progress | None = None
+    on_settled_error: JobOnSettledFailedError | None = None
+    trace: list[tuple[str, str]] = field(default_factory=list)
+    duration_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class FailureVerdict:
+    """What a failed attempt becomes: retried after ``delay_s``, or finished for good."""
+
+    kind: Literal["retried", "dead-lettered", "dropped"]
+    delay_s: float = 0.0
+    stop_reason: StopReason | None = None
+
+
+def failure_verdict(retry: Retry, attempt: int, error: BaseException) -> FailureVerdict:
+    """The one decision every failed attempt goes through: the error's classification first,
+    then the attempt count. An unclassified error keeps the attempt-count path."""
+    classification = retry_classification(error)
+    stop: StopReason | None = None
+    if classification == "terminal":
+        stop = "terminal"
+    elif is_final_attempt(retry, attempt):
+        stop = "attempts-exhausted"
+    if stop is not None:
+        return FailureVerdict("dead-lettered" if retry.dead_letter else "dropped", stop_reason=stop)
+    stated = retry_after_seconds_of(error) if classification == "retry-after" else None
+    if stated is not None:
+        cap = retry.max_delay_s
+        delay = min(stated, cap) if cap is not None else stated
+        delay = jitter_stated_delay(delay) if retry.jitter else delay
+    else:
+        delay = backoff_delay(retry, attempt)
+        delay = equal_jitter(delay) if retry.jitter else delay
+    return FailureVerdict("retried", delay_s=delay)
+
+
+@dataclass(frozen=True, slots=True)
+class _Ending:
+    """How the body stopped, before anything is settled."""
+
+    kind: Literal["completed", "suspended", "interrupted", "lease-lost", "failed"]
+    result: Any = None
+    resume_at: datetime | None = None
+    error: BaseException | None = None
+
+
+async def execute_job(
+    claimed: ClaimedJob,
+    *,
+    driver: JobDriver,
+    handle: AnyJobHandle | None = None,
+    services: Any = None,
+    signal: AbortSignal | None = None,
+    events: EventBus | None = None,
+    clock: Clock | None = None,
+) -> JobExecution:
+    """Run one claimed attempt to its settle.
+
+    ``signal`` is the worker's: it fires ``X_DRAINING`` on a drain and ``X_JOB_LEASE_LOST`` when
+    renewals stop landing or the row was cancelled. Cancelling this coroutine from outside
+    settles nothing — exactly as if the worker had died.
+    """
+    clock = clock or driver.clock
+    handle = handle or job_named(claimed.name)
+    started = time.monotonic()
+    execution = JobExecution(
+        job_id=claimed.id,
+        run_id=claimed.run_id,
+        name=claimed.name,
+        attempt=claimed.attempt,
+        outcome="lease-lost",
+        settled=False,
+    )
+    if handle is None:
+        error: BaseException = JobsError(
+            f"no job named {claimed.name!r} is registered in this worker; deploy the code that "
+            "declares it, or define_api() the module that does"
+        )
+        retry = Retry(attempts=max(1, claimed.max_attempts))
+        await _settle_failure(driver, None, claimed, retry, error, None, None, execution, clock)
+        return execution
+
+    controller = AbortController()
+    run_signal = any_signal(signal, controller.signal) if signal else controller.signal
+    value: Any = None
+    actor = Actor(id=f"job:{handle.name}", org_id=None)
+    ctx: JobContext[Any] | None = None
+    try:
+        value = handle.codec.parse(claimed.input)
+        declared = handle.tenant_of(value)
+        if handle.tenant != "none" and claimed.tenant_id != declared:
+            raise JobTenantMismatchError(
+                f"{handle.name}: the row was queued for org {claimed.tenant_id!r} but its input "
+                f"names {declared!r}; re-enqueue it under the right org",
+                meta={"job": handle.name},
+            )
+        actor = Actor(id=f"job:{handle.name}", org_id=declared)
+    except Exception as exc:
+        await _settle_failure(
+            driver,
+            handle,
+            claimed,
+            handle.retry,
+            exc,
+            None,
+            None,
+            execution,
+            clock,
+            parsed=value if not isinstance(exc, JobInputInvalidError) else None,
+        )
+        return execution
+
+    ctx = JobContext(
+        signal=run_signal,
+        actor=actor,
+        services=services,
+        job_id=claimed.id,
+        run_id=claimed.run_id,
+        name=handle.name,
+        attempt=claimed.attempt,
+        log=logging.LoggerAdapter(LOGGER, {"job": handle.name, "job_id": claimed.id}),
+    )
+    reporter = _ProgressReporter(driver, claimed, run_signal, clock)
+
+    async def store(record: StepRecord) -> bool:
+        return await driver.save_step(claimed.id, claimed.claim, claimed.run_id, record)
+
+    step = Step(
+        store=store,
+        steps=claimed.steps,
+        signal=run_signal,
+        clock=clock,
+        events=events or event_bus(),
+        step_timeout=handle.step_timeout_s,
+        event_poll=handle.event_poll_s,
+    )
+    ending = await _run_body(
+        handle, claimed, value, step, ctx, reporter, controller, run_signal, clock
+    )
+    execution.trace = step.trace
+    await reporter.flush()
+    execution.progress = reporter.latest
+    execution.duration_ms = int((time.monotonic() - started) * 1000)
+
+    if ending.kind == "completed":
+        execution.result = ending.result
+        landed = await driver.ack(
+            claimed.id,
+            AckOptions(claimed.claim.worker_id, claimed.claim.claim, execution.duration_ms),
+        )
+        if not landed:
+            return _unowned(execution, "ack")
+        execution.outcome, execution.settled = "completed", True
+        execution.on_settled_error = await _tell(
+            handle, "completed", claimed, value, ctx, result=ending.result
+        )
+    elif ending.kind == "suspended":
+        assert ending.resume_at is not None
+        await _hand_back(driver, claimed, execution, ending.resume_at, "suspended", park=True)
+    elif ending.kind == "interrupted":
+        execution.error = ending.error
+        await _hand_back(driver, claimed, execution, clock.now(), "interrupted", park=False)
+    elif ending.kind == "lease-lost":
+        execution.error = ending.error
+    else:
+        assert ending.error is not None
+        await _settle_failure(
+            driver,
+            handle,
+            claimed,
+            handle.retry,
+            ending.error,
+            value,
+            ctx,
+            execution,
+            clock,
+            parsed=value,
+        )
+    return execution
+
+
+async def _run_body(
+    handle: AnyJobHandle,
+    claimed: ClaimedJob,
+    value: Any,
+    step: Step,
+    ctx: JobContext[Any],
+    reporter: _ProgressReporter,
+    controller: AbortController,
+    run_signal: AbortSignal,
+    clock: Clock,
+) -> _Ending:
+    available = {
+        "input": value,
+        "step": step,
+        "ctx": ctx,
+        "progress": reporter,
+        "attempt": claimed.attempt,
+        "final_attempt": is_final_attempt(handle.retry, claimed.attempt),
+        "job_id": claimed.id,
+        "run_id": claimed.run_id,
+    }
+    with use_actor(ctx.actor):
+        body = asyncio.create_task(handle.call_body(available))
+
+    def cancel_body(_reason: BaseException) -> None:
+        body.cancel()
+
+    stop_listening = run_signal.add_listener(cancel_body)
+    deadline: asyncio.Task[None] | None = None
+    if handle.timeout_s is not None:
+        timeout = handle.timeout_s
+
+        async def expire() -> None:
+            await clock.sleep(timeout)
+            controller.abort(
+                JobTimeoutError(
+                    f"{handle.name}: the attempt exceeded its timeout of {timeout}s",
+                    meta={"job": handle.name, "timeout_s": timeout},
+                )
+            )
+
+        deadline = asyncio.create_task(expire())
+    try:
+        result = await body
+    except StepSuspension as suspension:
+        return _Ending("suspended", resume_at=suspension.resume_at)
+    except asyncio.CancelledError:
+        if not run_signal.aborted:
+            body.cancel()
+            raise
+        return _aborted_ending(run_signal)
+    except Exception as exc:
+        if run_signal.aborted:
+            return _aborted_ending(run_signal)
+        return _Ending("failed", error=exc)
+    finally:
+        stop_listening()
+        if deadline is not None:
+            deadline.cancel()
+    if run_signal.aborted and isinstance(run_signal.reason, JobTimeoutError):
+        log_event(logging.ERROR, "jobs.timeout.abandoned", job=handle.name, job_id=claimed.id)
+        return _Ending("failed", error=run_signal.reason)
+    return _Ending("completed", result=result)
+
+
+def _aborted_ending(run_signal: AbortSignal) -> _Ending:
+    reason = run_signal.reason
+    assert reason is not None
+    if isinstance(reason, JobDrainedError):
+        return _Ending("interrupted", error=reason)
+    if isinstance(reason, LeaseLostError):
+        return _Ending("lease-lost", error=reason)
+    return _Ending("failed", error=reason)
+
+
+async def _hand_back(
+    driver: JobDriver,
+    claimed: ClaimedJob,
+    execution: JobExecution,
+    run_at: datetime,
+    outcome: Literal["suspended", "interrupted"],
+    *,
+    park: bool,
+) -> None:
+    error = None if execution.error is None else _error_text(execution.error)
+    landed = await driver.nack(
+        claimed.id,
+        NackOptions(
+            claimed.claim.worker_id,
+            claimed.claim.claim,
+            error=error,
+            run_at=run_at,
+            park=park,
+            count_attempt=False,
+        ),
+    )
+    if not landed:
+        _unowned(execution, "nack")
+        return
+    execution.outcome, execution.settled, execution.resume_at = outcome, True, run_at
+
+
+async def _settle_failure(
+    driver: JobDriver,
+    handle: AnyJobHandle | None,
+    claimed: ClaimedJob,
+    retry: Retry,
+    error: BaseException,
+    value: Any,
+    ctx: JobContext[Any] | None,
+    execution: JobExecution,
+    clock: Clock,
+    *,
+    parsed: Any = None,
+) -> None:
+    verdict = failure_verdict(retry, claimed.attempt, error)
+    execution.error = error
+    execution.stop_reason = verdict.stop_reason
+    text = _error_text(error)
+    if verdict.stop_reason == "terminal":
+        text += (
+            f"\n[terminal: {verdict.kind} on attempt {claimed.attempt} of {claimed.max_attempts}; "
+            "the error's code is classified terminal, so no attempt was left to spend]"
+        )
+    run_at = clock.now() + timedelta(seconds=verdict.delay_s)
+    options = NackOptions(
+        claimed.claim.worker_id,
+        claimed.claim.claim,
+        error=text,
+        run_at=run_at if verdict.kind == "retried" else None,
+        dead_letter=verdict.kind == "dead-lettered",
+        fail=verdict.kind == "dropped",
+        duration_ms=execution.duration_ms,
+    )
+    log_event(
+        logging.WARNING if verdict.kind == "retried" else logging.ERROR,
+        "jobs.attempt.failed",
+        job=claimed.name,
+        job_id=claimed.id,
+        attempt=claimed.attempt,
+        code=error_code(error),
+        stop=verdict.stop_reason,
+        error=str(error),
+    )
+    if not await driver.nack(claimed.id, options):
+        _unowned(execution, "nack")
+        return
+    execution.outcome, execution.settled = verdict.kind, True
+    if verdict.kind == "retried":
+        execution.resume_at = run_at
+    elif handle is not None:
+        execution.on_settled_error = await _tell(
+            handle, verdict.kind, claimed, parsed, ctx, error=error
+        )
+
+
+def _unowned(execution: JobExecution, what: str) -> JobExecution:
+    log_event(
+        logging.WARNING,
+        "jobs.settle.unowned",
+        job=execution.name,
+        job_id=execution.job_id,
+        settle=what,
+    )
+    execution.outcome, execution.settled = "lease-lost", False
+    return execution
+
+
+def _error_text(error: BaseException) -> str:
+    """``last_error`` as an operator reads it: code and message, then the stack."""
+    head = str(error) if isinstance(error, JobsError) else f"{type(error).__name__}: {error}"
+    stack = "".join(traceback.format_exception(error)).strip()
+    text = f"{head}\n{stack}" if stack and error.__traceback__ is not None else head
+    return text[:8000]
+
+
+async def _tell(
+    handle: AnyJobHandle,
+    outcome: SettledOutcome,
+    claimed: ClaimedJob | ExhaustedJob,
+    value: Any,
+    ctx: JobContext[Any] | None,
+    *,
+    result: Any = None,
+    error: BaseException | None = None,
+) -> JobOnSettledFailedError | None:
+    """Call ``on_settled`` up to ``ON_SETTLED_ATTEMPTS`` times; log and answer the failure,
+    never raise it."""
+    hook = handle.on_settled
+    if hook is None:
+        return None
+    settled: Settled[Any] = Settled(
+        outcome=outcome,
+        name=handle.name,
+        job_id=claimed.id,
+        run_id=claimed.run_id,
+        attempt=claimed.attempt,
+        input=value,
+        result=result,
+        error=error,
+        code=error_code(error) if error is not None else None,
+        ctx=ctx,
+    )
+    org = handle.tenant_of(value) if value is not None else claimed.tenant_id
+    last: BaseException | None = None
+    with use_actor(Actor(id=f"job:{handle.name}", org_id=org)):
+        for _ in range(ON_SETTLED_ATTEMPTS):
+            try:
+                answer = hook(settled)
+                if inspect.isawaitable(answer):
+                    await answer
+                return None
+            except Exception as exc:
+                last = exc
+    failure = JobOnSettledFailedError(
+        f"{handle.name}: on_settled threw on all {ON_SETTLED_ATTEMPTS} tries: {last!r}",
+        meta={"job": handle.name, "job_id": claimed.id, "outcome": outcome},
+    )
+    failure.__cause__ = last
+    log_event(
+        logging.ERROR,
+        "jobs.on-settled.failed",
+        job=handle.name,
+        job_id=claimed.id,
+        outcome=outcome,
+        code=failure.code,
+        error=repr(last),
+    )
+    return failure
+
+
+async def refuse_job(
+    claimed: ClaimedJob,
+    *,
+    driver: JobDriver,
+    handle: AnyJobHandle,
+    value: Any,
+    error: JobKeyBusyError,
+) -> JobExecution:
+    """Settle a run its busy key refused (``when_busy='fail'``): failed, attempt uncounted, the
+    body never started, ``on_settled`` told ``refused``."""
+    execution = JobExecution(
+        job_id=claimed.id,
+        run_id=claimed.run_id,
+        name=claimed.name,
+        attempt=claimed.attempt,
+        outcome="refused",
+        settled=False,
+        error=error,
+    )
+    landed = await driver.nack(
+        claimed.id,
+        NackOptions(
+            claimed.claim.worker_id,
+            claimed.claim.claim,
+            error=_error_text(error),
+            fail=True,
+            count_attempt=False,
+        ),
+    )
+    if not landed:
+        return _unowned(execution, "nack")
+    execution.settled = True
+    execution.on_settled_error = await _tell(handle, "refused", claimed, value, None, error=error)
+    return execution
+
+
+async def announce_exhausted(
+    exhausted: ExhaustedJob, *, handle: AnyJobHandle | None
+) -> JobOnSettledFailedError | None:
+    """Tell the world a claim buried ``exhausted``: ``jobs.claim.exhausted`` at error, and the
+    job's ``on_settled`` (dead-lettered, or dropped when the row went to failed)."""
+    log_event(
+        logging.ERROR,
+        "jobs.claim.exhausted",
+        job=exhausted.name,
+        job_id=exhausted.id,
+        attempt=exhausted.attempt,
+        state=exhausted.state.value,
+    )
+    if handle is None:
+        return None
+    try:
+        value = handle.codec.parse(exhausted.input)
+    except JobInputInvalidError:
+        value = None
+    outcome: SettledOutcome = "dropped" if exhausted.state is JobState.FAILED else "dead-lettered"
+    return await _tell(
+        handle, outcome, exhausted, value, None, error=RuntimeError(LEASE_LAPSED_FINAL_ATTEMPT)
+    )
+
+
+class _ProgressReporter:
+    """``progress(done, total, note)`` for a body: at most one write per second per run, plus
+    the last one before the settle. Writes after the abort are refused (``X_ABORTED``)."""
+
+    def __init__(
+        self, driver: JobDriver, claimed: ClaimedJob, signal: AbortSignal, clock: Clock
+    ) -> None:
+        self._introspect = driver.introspect
+        self._claimed = claimed
+        self._signal = signal
+        self._clock = clock
+        self.latest: Progress | None = None
+        self._written: Progress | None = None
+        self._last_write: datetime | None = None
+        self._pending: set[asyncio.Task[bool]] = set()
+
+    def __call__(self, done: float, total: float | None = None, note: str | None = None) -> None:
+        if self._signal.aborted:
+            raise JobAbortedError("progress reported after the attempt was aborted")
+        self.latest = Progress(done=done, total=total, note=note)
+        now = self._clock.now()
+        due = self._last_write is None or (now - self._last_write).total_seconds() >= (
+            PROGRESS_INTERVAL_S
+        )
+        if due and self._introspect is not None:
+            self._last_write = now
+            self._write(self.latest)
+
+    def _write(self, progress: Progress) -> None:
+        assert self._introspect is not None
+        self._written = progress
+        task = asyncio.ensure_future(
+            self._introspect.record_progress(self._claimed.id, self._claimed.claim, progress)
+        )
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    async def flush(self) -> None:
+        if (
+            self._introspect is not None
+            and self.latest is not None
+            and self.latest != self._written
+        ):
+            self._write(self.latest)
+        if self._pending:
+            await asyncio.gather(*self._pending, return_exceptions=True)

@@ -1,0 +1,68 @@
+"""Which driver and which facade a handle's ``enqueue`` goes through.
+
+With a facade installed (the outbox's), enqueues go there; with none, straight to the installed
+driver; with neither, ``X_DRIVER_UNAVAILABLE`` at the call — never a silently dropped job.
+"""
+
+from __future__ import annotations
+
+from .clock import Clock
+from .errors import DriverUnavailableError
+from .model import Enqueued, EnqueueRequest
+from .protocol import JobDriver, JobsFacade
+
+__all__ = [
+    "job_driver",
+    "jobs_facade",
+    "reset_job_driver",
+    "set_job_driver",
+    "set_jobs_facade",
+]
+
+_driver: JobDriver | None = None
+_facade: JobsFacade | None = None
+
+
+def set_job_driver(driver: JobDriver) -> None:
+    global _driver
+    _driver = driver
+
+
+def reset_job_driver() -> None:
+    """Forget the installed driver and facade (a test seam)."""
+    global _driver, _facade
+    _driver = None
+    _facade = None
+
+
+def job_driver() -> JobDriver:
+    if _driver is None:
+        raise DriverUnavailableError(
+            "no job driver is installed; call set_job_driver(memory_job_driver()) for a single "
+            "process, or set_job_driver(postgres_job_driver(DATABASE_URL))"
+        )
+    return _driver
+
+
+def set_jobs_facade(facade: JobsFacade | None) -> None:
+    global _facade
+    _facade = facade
+
+
+class _DirectFacade:
+    """Publishes straight to the installed driver."""
+
+    async def enqueue(self, request: EnqueueRequest) -> Enqueued:
+        return await job_driver().enqueue(request)
+
+
+_DIRECT = _DirectFacade()
+
+
+def jobs_facade() -> JobsFacade:
+    return _facade if _facade is not None else _DIRECT
+
+
+def _driver_clock() -> Clock | None:
+    """The installed driver's clock: the enqueuer's clock, which stamps ``run_at``."""
+    return _driver.clock if _driver is not None else None

@@ -1,0 +1,301 @@
+"""The operator surface of the memory driver, over the same heap as the driver."""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Callable, Iterable
+from datetime import datetime, timedelta
+
+from ..constants import MAX_BULK_ROWS, MAX_TASK_FIRES
+from ..counters import rollup
+from ..cursor import page_limit, parse_cursor
+from ..errors import (
+    JobDuplicateError,
+    JobNotFoundError,
+    JobNotPromotableError,
+    JobNotRemovableError,
+    JobNotRequeueableError,
+)
+from ..model import (
+    LIVE_STATES,
+    PROMOTABLE_STATES,
+    REQUEUEABLE_STATES,
+    BulkFilter,
+    BulkResult,
+    ClaimRef,
+    CounterBucket,
+    CounterTotals,
+    JobDetail,
+    JobFilter,
+    JobPage,
+    JobRow,
+    JobState,
+    Progress,
+    TaskFire,
+    WorkerInfo,
+)
+from .state import MemoryState, Row
+
+__all__ = ["MemoryIntrospection"]
+
+
+class MemoryIntrospection:
+    def __init__(self, state: MemoryState) -> None:
+        self._state = state
+
+    # -- reading ---------------------------------------------------------------------------
+
+    async def list(self, filter: JobFilter) -> JobPage:
+        limit = page_limit(filter)
+        rows = sorted(
+            (row for row in self._state.rows.values() if _matches(row, filter)),
+            key=_order,
+            reverse=True,
+        )
+        if filter.after is not None:
+            cursor = parse_cursor(filter.after, which="after")
+            page = [row for row in rows if _order(row) < cursor][:limit]
+        elif filter.before is not None:
+            cursor = parse_cursor(filter.before, which="before")
+            page = [row for row in rows if _order(row) > cursor][-limit:]
+        else:
+            page = rows[:limit]
+        return JobPage(rows=[row.public() for row in page], limit=limit)
+
+    async def get(self, job_id: str) -> JobDetail | None:
+        row = self._state.rows.get(job_id)
+        if row is None:
+            return None
+        steps = sorted(self._state.steps.get(row.run_id, {}).values(), key=lambda s: s.seq)
+        return JobDetail(row=row.public(), steps=steps)
+
+    # -- one row -----------------------------------------------------------------------------
+
+    def _row(self, job_id: str) -> Row:
+        row = self._state.rows.get(job_id)
+        if row is None:
+            raise JobNotFoundError(
+                f"no job {job_id!r} in the queue; list them with `ujobs jobs list --json`",
+                meta={"id": job_id},
+            )
+        return row
+
+    async def remove(self, job_id: str) -> bool:
+        row = self._state.rows.get(job_id)
+        if row is None:
+            return False
+        if row.state is JobState.RUNNING:
+            raise JobNotRemovableError(
+                f"job {job_id} is running; cancel it first (`ujobs jobs cancel {job_id}`)",
+                meta={"id": job_id},
+            )
+        self._state.delete(row)
+        return True
+
+    async def requeue(self, job_id: str, *, from_step: str | None = None) -> JobRow:
+        row = self._row(job_id)
+        if row.state not in REQUEUEABLE_STATES:
+            raise JobNotRequeueableError(
+                f"job {job_id} is {row.state.value}; only a finished job (done, failed, dead, "
+                "cancelled) can be requeued",
+                meta={"id": job_id, "state": row.state.value},
+            )
+        holder = self._state.live.get(row.live_key)
+        if holder is not None:
+            raise JobDuplicateError(
+                f"a live job ({holder}) holds this job's idempotency key; requeueing would run "
+                "the same work twice",
+                meta={"id": job_id, "existing_id": holder},
+            )
+        if from_step is not None:
+            steps = self._state.steps.get(row.run_id, {})
+            cut = steps.get(from_step)
+            if cut is None:
+                raise JobNotFoundError(
+                    f"job {job_id} has no step {from_step!r}",
+                    meta={"id": job_id, "step": from_step},
+                )
+            for name in [name for name, step in steps.items() if step.seq >= cut.seq]:
+                del steps[name]
+        self._ready(row)
+        return row.public()
+
+    def _ready(self, row: Row) -> None:
+        row.attempt = 0
+        row.run_at = self._state.now()
+        row.last_error = None
+        row.progress = None
+        self._state.move(row, JobState.READY)
+        row.finished_at = None
+
+    async def cancel(self, job_id: str, reason: str | None = None) -> JobRow | None:
+        row = self._state.rows.get(job_id)
+        if row is None or row.state not in LIVE_STATES:
+            return None
+        row.last_error = f"cancelled: {reason}" if reason else "cancelled"
+        self._state.move(row, JobState.CANCELLED)
+        return row.public()
+
+    async def promote(self, job_id: str) -> JobRow:
+        row = self._row(job_id)
+        if row.state not in PROMOTABLE_STATES or row.run_at <= self._state.now():
+            raise JobNotPromotableError(
+                f"job {job_id} is not waiting on its run time (state {row.state.value})",
+                meta={"id": job_id, "state": row.state.value},
+            )
+        row.run_at = self._state.now()
+        self._state.move(row, JobState.READY)
+        return row.public()
+
+    # -- many rows ---------------------------------------------------------------------------
+
+    def _selected(self, filter: BulkFilter) -> builtins.list[Row]:
+        return sorted(
+            (
+                row
+                for row in self._state.rows.values()
+                if row.state is filter.state
+                and (filter.queue is None or row.queue == filter.queue)
+                and (filter.name is None or row.name == filter.name)
+                and (filter.tenant_id is None or row.tenant_id == filter.tenant_id)
+            ),
+            key=_order,
+        )
+
+    async def requeue_many(self, filter: BulkFilter) -> BulkResult:
+        if filter.state not in REQUEUEABLE_STATES:
+            raise JobNotRequeueableError(
+                f"requeue_many moves finished rows; {filter.state.value} is live",
+                meta={"state": filter.state.value},
+            )
+        moved = 0
+        for row in self._selected(filter):
+            if moved == MAX_BULK_ROWS:
+                break
+            if row.live_key in self._state.live:
+                continue
+            self._ready(row)
+            moved += 1
+        free_keys = {
+            row.live_key for row in self._selected(filter) if row.live_key not in self._state.live
+        }
+        return BulkResult(affected=moved, remaining=len(free_keys))
+
+    async def remove_many(self, filter: BulkFilter) -> BulkResult:
+        if filter.state is JobState.RUNNING:
+            raise JobNotRemovableError(
+                "running rows cannot be removed; cancel them first", meta={"state": "running"}
+            )
+        rows = self._selected(filter)
+        for row in rows[:MAX_BULK_ROWS]:
+            self._state.delete(row)
+        return BulkResult(
+            affected=min(len(rows), MAX_BULK_ROWS), remaining=max(0, len(rows) - MAX_BULK_ROWS)
+        )
+
+    async def promote_many(self, filter: BulkFilter) -> BulkResult:
+        if filter.state not in PROMOTABLE_STATES:
+            raise JobNotPromotableError(
+                f"promote_many moves delayed or ready rows, not {filter.state.value}",
+                meta={"state": filter.state.value},
+            )
+        now = self._state.now()
+        waiting = [row for row in self._selected(filter) if row.run_at > now]
+        for row in waiting[:MAX_BULK_ROWS]:
+            row.run_at = now
+            self._state.move(row, JobState.READY)
+        return BulkResult(
+            affected=min(len(waiting), MAX_BULK_ROWS),
+            remaining=max(0, len(waiting) - MAX_BULK_ROWS),
+        )
+
+    # -- pauses --------------------------------------------------------------------------------
+
+    async def pause_queue(self, queue: str) -> None:
+        self._state.paused_queues.add(queue)
+
+    async def resume_queue(self, queue: str) -> None:
+        self._state.paused_queues.discard(queue)
+
+    async def paused_queues(self) -> builtins.list[str]:
+        return sorted(self._state.paused_queues)
+
+    async def pause_task(self, task: str) -> None:
+        self._state.paused_tasks.add(task)
+
+    async def resume_task(self, task: str) -> None:
+        self._state.paused_tasks.discard(task)
+
+    async def paused_tasks(self) -> builtins.list[str]:
+        return sorted(self._state.paused_tasks)
+
+    # -- workers, progress, counters, task fires ----------------------------------------------
+
+    async def workers(self) -> builtins.list[WorkerInfo]:
+        now = self._state.now()
+        for worker_id, (_, expires) in list(self._state.workers.items()):
+            if expires <= now:
+                del self._state.workers[worker_id]
+        return sorted((info for info, _ in self._state.workers.values()), key=lambda w: w.id)
+
+    async def record_worker(self, info: WorkerInfo, *, ttl: float) -> None:
+        expires = self._state.now() + timedelta(seconds=ttl)
+        self._state.workers[info.id] = (info, expires)
+
+    async def remove_worker(self, worker_id: str) -> None:
+        self._state.workers.pop(worker_id, None)
+
+    async def record_progress(self, job_id: str, ref: ClaimRef, progress: Progress) -> bool:
+        row = self._state.rows.get(job_id)
+        if row is None or not row.owned_by(ref.worker_id, ref.claim):
+            return False
+        row.progress = progress
+        return True
+
+    async def counters(self, job: str, *, since: datetime) -> builtins.list[CounterBucket]:
+        return sorted(
+            (
+                bucket
+                for bucket in self._state.counters.values()
+                if bucket.name == job and bucket.start + timedelta(seconds=bucket.width_s) > since
+            ),
+            key=lambda b: (b.start, b.width_s),
+        )
+
+    async def counter_totals(self, *, since: datetime) -> builtins.list[CounterTotals]:
+        totals: dict[str, CounterTotals] = {}
+        for bucket in self._state.counters.values():
+            if bucket.start + timedelta(seconds=bucket.width_s) <= since:
+                continue
+            held = totals.get(bucket.name) or CounterTotals(name=bucket.name)
+            totals[bucket.name] = held.merged(bucket)
+        return sorted(totals.values(), key=lambda t: t.name)
+
+    async def rollup_counters(self) -> None:
+        folded = rollup(self._state.counters.values(), self._state.now())
+        self._state.counters = {(b.name, b.start, b.width_s): b for b in folded}
+
+    async def task_fires(self) -> builtins.list[TaskFire]:
+        return sorted(self._state.task_fires.values(), key=lambda f: f.task)[:MAX_TASK_FIRES]
+
+    async def record_task_fire(self, task: str, occurrence_ms: int) -> None:
+        held = self._state.task_fires.get(task)
+        if held is None or held.occurrence_ms <= occurrence_ms:
+            self._state.task_fires[task] = TaskFire(task, occurrence_ms, self._state.now())
+
+
+def _order(row: Row) -> tuple[datetime, str]:
+    return (row.created_at, row.id)
+
+
+def _matches(row: Row, filter: JobFilter) -> bool:
+    checks: Iterable[Callable[[], bool]] = (
+        lambda: filter.queue is None or row.queue == filter.queue,
+        lambda: filter.name is None or row.name == filter.name,
+        lambda: filter.state is None or row.state is filter.state,
+        lambda: filter.tenant_id is None or row.tenant_id == filter.tenant_id,
+        lambda: filter.id_prefix is None or row.id.startswith(filter.id_prefix),
+        lambda: filter.created_from is None or row.created_at >= filter.created_from,
+        lambda: filter.created_to is None or row.created_at < filter.created_to,
+    )
+    return all(check() for check in checks)

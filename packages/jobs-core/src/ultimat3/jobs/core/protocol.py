@@ -1,0 +1,353 @@
+"""The driver protocol: what a backend must do so a job's code never names it.
+
+``JobDriver`` is small and async. Its optional parts (``introspect``, ``leases``, ``backfills``,
+``events``) are declared by the driver as attributes — ``None`` when not offered — never inferred
+from a backend's name. The conformance suite in ``ultimat3.jobs.testing`` holds every driver to
+the rules written here.
+
+Fencing: every write a run makes after its claim (ack, nack, heartbeat, a step, progress) carries
+the ``ClaimRef`` of that claim and matches only while the row is ``running`` under exactly that
+claim. A miss changes nothing and answers ``False``: a body whose lease lapsed, or whose row was
+cancelled, cannot settle, renew or report on the run that replaced it.
+
+Time: a driver reads ``now`` from its ``clock`` for every decision (due rows, lapsed leases, TTLs),
+so a frozen clock drives it in tests. ``EnqueueRequest.run_at`` comes from the enqueuer.
+"""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Protocol, runtime_checkable
+
+from .clock import Clock
+from .model import (
+    AckOptions,
+    BackfillRow,
+    BulkFilter,
+    BulkResult,
+    ClaimedJob,
+    ClaimRef,
+    CounterBucket,
+    CounterTotals,
+    Enqueued,
+    EnqueueRequest,
+    EventRecord,
+    ExhaustedJob,
+    JobDetail,
+    JobFilter,
+    JobPage,
+    JobRow,
+    JsonValue,
+    NackOptions,
+    OutboxRecord,
+    Progress,
+    QueueStats,
+    StepRecord,
+    TaskFire,
+    WorkerInfo,
+)
+
+__all__ = [
+    "BackfillLedger",
+    "ClaimBatch",
+    "EventBus",
+    "JobDriver",
+    "JobIntrospection",
+    "JobsFacade",
+    "Leader",
+    "LeaseStore",
+    "OutboxStore",
+    "QueueWake",
+    "SchedulerState",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimBatch:
+    """What one claim call handed out, and what it buried.
+
+    ``exhausted`` lists each row whose lease lapsed on its final attempt and that this call settled
+    dead (or failed, for names in ``drop_exhausted``) instead of handing out — once per row, ever.
+    """
+
+    jobs: Sequence[ClaimedJob] = ()
+    exhausted: Sequence[ExhaustedJob] = field(default_factory=tuple)
+
+
+@runtime_checkable
+class JobDriver(Protocol):
+    """A queue backend.
+
+    Rules every driver keeps (the conformance suite checks each):
+
+    - ``enqueue`` inserts nothing when a LIVE row (ready, delayed, running, suspended) already holds
+      ``(name, tenant_id, idempotency_key)`` — ``tenant_id`` None counts as its own tenant — and
+      answers that row's ids with ``deduped=True``. It also inserts nothing when ``request.id``
+      already names a row in any state, and answers that row. A new row is ``delayed`` when
+      ``run_at`` is after the driver's now, else ``ready``.
+    - ``claim`` hands out, per queue in ``slots``, up to that many due rows (ready, delayed or
+      suspended with ``run_at <= now``; running rows whose ``lease_until`` passed), oldest
+      ``run_at`` first and ties in id order, skipping paused queues; each becomes ``running`` under
+      a fresh claim token with ``lease_until = now + visibility_timeout`` and its attempt number
+      raised by one. A lapsed running row already at ``attempt >= max_attempts`` is never handed
+      out: it is settled dead (failed when its name is in ``drop_exhausted``) with
+      ``last_error = LEASE_LAPSED_FINAL_ATTEMPT``, counted, and reported in ``exhausted``.
+      A claimed job carries the run's stored steps.
+    - ``ack`` moves a running row to ``done``; ``nack`` moves it to ``nack_state(options)``, at
+      ``options.run_at``; when ``count_attempt`` is false the attempt number drops back by one.
+      Both are fenced on the claim and count into the per-job counters in the same operation
+      (``nack_counter``).
+    - ``heartbeat`` extends ``lease_until`` to ``now + visibility_timeout``, fenced.
+    - ``save_step`` upserts one step of the run, fenced on the claim of the job that runs it.
+    """
+
+    @property
+    def clock(self) -> Clock: ...
+
+    @property
+    def introspect(self) -> JobIntrospection | None: ...
+
+    @property
+    def leases(self) -> LeaseStore | None: ...
+
+    @property
+    def backfills(self) -> BackfillLedger | None: ...
+
+    @property
+    def events(self) -> EventBus | None: ...
+
+    async def enqueue(self, request: EnqueueRequest) -> Enqueued: ...
+
+    async def enqueue_many(self, requests: Sequence[EnqueueRequest]) -> builtins.list[Enqueued]:
+        """The same rules as ``enqueue`` for each request, answers in request order."""
+        ...
+
+    async def claim(
+        self,
+        *,
+        worker_id: str,
+        slots: Mapping[str, int],
+        visibility_timeout: float,
+        drop_exhausted: Collection[str] = (),
+    ) -> ClaimBatch: ...
+
+    async def ack(self, job_id: str, options: AckOptions) -> bool: ...
+
+    async def nack(self, job_id: str, options: NackOptions) -> bool: ...
+
+    async def heartbeat(self, job_id: str, ref: ClaimRef, visibility_timeout: float) -> bool: ...
+
+    async def save_step(
+        self, job_id: str, ref: ClaimRef, run_id: str, step: StepRecord
+    ) -> bool: ...
+
+    async def stats(self) -> builtins.list[QueueStats]:
+        """One entry per queue that holds any row."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+@runtime_checkable
+class JobIntrospection(Protocol):
+    """The operator surface: everything ``ujobs jobs …`` and a dashboard read or do.
+
+    Bounds: ``list`` pages at most ``MAX_JOB_PAGE`` rows (default ``DEFAULT_JOB_PAGE``); the bulk
+    members move at most ``MAX_BULK_ROWS`` per call. Errors are the reference's: a running row is
+    ``JobNotRemovableError``; requeue of a live row is ``JobNotRequeueableError``, of a key a live
+    row holds ``JobDuplicateError``, of an unknown id ``JobNotFoundError``.
+    """
+
+    async def list(self, filter: JobFilter) -> JobPage: ...
+
+    async def get(self, job_id: str) -> JobDetail | None: ...
+
+    async def remove(self, job_id: str) -> bool: ...
+
+    async def requeue(self, job_id: str, *, from_step: str | None = None) -> JobRow: ...
+
+    async def cancel(self, job_id: str, reason: str | None = None) -> JobRow | None:
+        """Cancel a LIVE row; a finished one is left as it ended and answers None."""
+        ...
+
+    async def requeue_many(self, filter: BulkFilter) -> BulkResult: ...
+
+    async def remove_many(self, filter: BulkFilter) -> BulkResult: ...
+
+    async def promote_many(self, filter: BulkFilter) -> BulkResult: ...
+
+    async def promote(self, job_id: str) -> JobRow: ...
+
+    async def pause_queue(self, queue: str) -> None: ...
+
+    async def resume_queue(self, queue: str) -> None: ...
+
+    async def paused_queues(self) -> builtins.list[str]: ...
+
+    async def pause_task(self, task: str) -> None: ...
+
+    async def resume_task(self, task: str) -> None: ...
+
+    async def paused_tasks(self) -> builtins.list[str]: ...
+
+    async def workers(self) -> builtins.list[WorkerInfo]:
+        """Live workers: a row expires ``ttl`` after its last ``record_worker``."""
+        ...
+
+    async def record_worker(self, info: WorkerInfo, *, ttl: float) -> None: ...
+
+    async def remove_worker(self, worker_id: str) -> None: ...
+
+    async def counters(self, job: str, *, since: datetime) -> builtins.list[CounterBucket]: ...
+
+    async def counter_totals(self, *, since: datetime) -> builtins.list[CounterTotals]: ...
+
+    async def rollup_counters(self) -> None: ...
+
+    async def record_progress(self, job_id: str, ref: ClaimRef, progress: Progress) -> bool: ...
+
+    async def task_fires(self) -> builtins.list[TaskFire]: ...
+
+    async def record_task_fire(self, task: str, occurrence_ms: int) -> None: ...
+
+
+@runtime_checkable
+class LeaseStore(Protocol):
+    """Fleet-wide slots: at most ``limit`` live holders per key, each expiring ``ttl`` after its
+    last acquire or renew."""
+
+    async def acquire(self, key: str, holder: str, *, limit: int, ttl: float) -> bool:
+        """Take a slot (or renew the one ``holder`` has); False when ``limit`` others hold it."""
+        ...
+
+    async def renew(self, key: str, holder: str, *, ttl: float) -> bool: ...
+
+    async def release(self, key: str, holder: str) -> None: ...
+
+    async def holders(self, key: str) -> builtins.list[str]:
+        """The live holders of ``key``, in slot order (the order they acquired in)."""
+        ...
+
+
+@runtime_checkable
+class BackfillLedger(Protocol):
+    """One row per backfill pass: what has already been swept."""
+
+    async def begin(
+        self, *, name: str, run_id: str, checksum: str, app_version: str | None = None
+    ) -> BackfillRow:
+        """Open the row for ``run_id``, or adopt it if this run opened it on an earlier attempt."""
+        ...
+
+    async def checkpoint(self, run_id: str, *, rows: int, cursor: JsonValue) -> None: ...
+
+    async def complete(self, run_id: str, *, rows: int, cursor: JsonValue) -> None: ...
+
+    async def fail(self, run_id: str, error: str) -> None: ...
+
+    async def latest(self, name: str) -> BackfillRow | None:
+        """The newest pass under ``name``, in any status."""
+        ...
+
+    async def list(
+        self, *, name: str | None = None, status: str | None = None, limit: int = 100
+    ) -> builtins.list[BackfillRow]: ...
+
+
+@runtime_checkable
+class EventBus(Protocol):
+    """Events a ``step.wait_for_event`` can match, on ONE clock: ``now()`` is the clock that
+    stamps ``published_at``, so "published after I asked" never depends on a process's skew."""
+
+    async def publish(
+        self, event: str, payload: JsonValue, *, ttl: float | None = None
+    ) -> EventRecord: ...
+
+    async def lookup(
+        self, event: str, *, since: datetime, match: Mapping[str, JsonValue] | None = None
+    ) -> EventRecord | None:
+        """The earliest unexpired ``event`` published at or after ``since`` whose payload contains
+        ``match`` (JSON containment, as Postgres' ``@>``)."""
+        ...
+
+    async def now(self) -> datetime: ...
+
+    async def purge_expired(self) -> int: ...
+
+
+@runtime_checkable
+class OutboxStore(Protocol):
+    """Staged enqueues waiting for the relay. ``stage`` joins the caller's transaction."""
+
+    async def stage(self, request: EnqueueRequest) -> None: ...
+
+    async def claim(
+        self, *, claimant: str, limit: int, lease: float
+    ) -> builtins.list[OutboxRecord]:
+        """Up to ``limit`` rows no live claim holds, in ``(staged_at, id)`` order, stamped with
+        ``claimant`` for ``lease`` seconds in the same operation."""
+        ...
+
+    async def release(self, ids: Sequence[str], *, claimant: str) -> int:
+        """Hand rows back; only rows ``claimant`` still holds move."""
+        ...
+
+    async def mark_published(self, ids: Sequence[str], *, claimant: str) -> int:
+        """Retire published rows; only rows ``claimant`` still holds move."""
+        ...
+
+
+@runtime_checkable
+class SchedulerState(Protocol):
+    """Per-task watermarks: the last occurrence dispatched or passed over."""
+
+    async def watermarks(self, tasks: Sequence[str]) -> dict[str, int]: ...
+
+    async def arm(self, task: str, occurrence_ms: int) -> None:
+        """Move the watermark forward without firing (arming, skipped occurrences)."""
+        ...
+
+    async def fire(
+        self,
+        task: str,
+        occurrence_ms: int,
+        requests: Sequence[EnqueueRequest],
+        *,
+        previous: int | None,
+    ) -> builtins.list[Enqueued] | None:
+        """Move the watermark from ``previous`` to ``occurrence_ms`` AND enqueue ``requests``,
+        together; None when the watermark was no longer ``previous`` (another node fired)."""
+        ...
+
+
+@runtime_checkable
+class Leader(Protocol):
+    async def acquire(self) -> bool:
+        """Take or renew leadership; False while another node holds it."""
+        ...
+
+    async def release(self) -> None: ...
+
+
+@runtime_checkable
+class QueueWake(Protocol):
+    """Turns "another process committed a row" into a callback naming its queue."""
+
+    @property
+    def live(self) -> bool:
+        """True once a probe proved notifications arrive (raises the idle ceiling)."""
+        ...
+
+    def subscribe(self, listener: Callable[[str], None]) -> Callable[[], None]: ...
+
+    async def close(self) -> None: ...
+
+
+@runtime_checkable
+class JobsFacade(Protocol):
+    """Where a handle's ``enqueue`` goes: straight to the driver, or staged in an outbox."""
+
+    async def enqueue(self, request: EnqueueRequest) -> Enqueued: ...

@@ -1,0 +1,141 @@
+"""Durable names: which handle a queue row's ``name`` routes to.
+
+A job's name is the durable key its queued, retrying and dead-lettered rows carry. An explicit
+``name=`` is kept forever; otherwise the function's name, re-stamped by ``define_api`` with the
+name the module exports it under. Everything that would put two declarations on one name is
+``X_JOB_DUPLICATE``, refused at the earliest point it is decidable.
+"""
+
+from __future__ import annotations
+
+import itertools
+import types
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .errors import JobNameTakenError
+
+if TYPE_CHECKING:
+    from .job import AnyJobHandle
+    from .task import AnyTaskHandle
+
+__all__ = ["Api", "define_api", "job_named", "registered_jobs", "registered_tasks", "task_named"]
+
+_jobs: dict[str, AnyJobHandle] = {}
+_tasks: dict[str, AnyTaskHandle] = {}
+_anonymous = {"job": itertools.count(1), "task": itertools.count(1)}
+
+
+def anonymous_name(kind: str) -> str:
+    return f"anonymous-{kind}-{next(_anonymous[kind])}"
+
+
+def _same_declaration(a: Any, b: Any) -> bool:
+    """A module re-imported (or reloaded) declares the same thing again: same module, same
+    qualified name. That is one declaration seen twice, not a collision."""
+    return bool(a is b or (a.origin is not None and a.origin == b.origin))
+
+
+def _table(kind: str) -> dict[str, Any]:
+    return _jobs if kind == "job" else _tasks
+
+
+def claim_name(kind: str, name: str, handle: Any, *, explicit: bool) -> None:
+    """Seat ``handle`` on ``name``. An explicit name held by another declaration is refused at
+    once; an implicit one waits for ``define_api`` to settle collisions."""
+    table = _table(kind)
+    held = table.get(name)
+    if held is None or _same_declaration(held, handle):
+        table[name] = handle
+    elif explicit:
+        raise JobNameTakenError(
+            f"two {kind} declarations set name={name!r}; a name is a durable queue key, "
+            "so give one of them another name",
+            meta={"name": name},
+        )
+
+
+def release_name(kind: str, name: str, handle: Any) -> None:
+    table = _table(kind)
+    if table.get(name) is handle:
+        del table[name]
+
+
+def job_named(name: str) -> AnyJobHandle | None:
+    return _jobs.get(name)
+
+
+def task_named(name: str) -> AnyTaskHandle | None:
+    return _tasks.get(name)
+
+
+def registered_jobs() -> list[AnyJobHandle]:
+    return list(_jobs.values())
+
+
+def registered_tasks() -> list[AnyTaskHandle]:
+    return list(_tasks.values())
+
+
+@dataclass(frozen=True)
+class Api:
+    """What ``define_api`` registered, by durable name."""
+
+    jobs: dict[str, AnyJobHandle] = field(default_factory=dict)
+    tasks: dict[str, AnyTaskHandle] = field(default_factory=dict)
+
+
+def define_api(
+    *, jobs: Iterable[types.ModuleType] = (), tasks: Iterable[types.ModuleType] = ()
+) -> Api:
+    """Register the jobs and tasks the given modules declare, under their export names.
+
+    Only handles declared in a module count as its exports (an imported handle is the other
+    module's). A handle exported under two names, or two handles under one name, is
+    ``X_JOB_DUPLICATE``; a handle that set ``name=`` keeps it whatever it is exported as.
+    """
+    from .job import JobHandle
+    from .task import TaskHandle
+
+    return Api(
+        jobs=_register("job", JobHandle, jobs),
+        tasks=_register("task", TaskHandle, tasks),
+    )
+
+
+def _register(kind: str, handle_type: Any, modules: Iterable[types.ModuleType]) -> dict[str, Any]:
+    exports: dict[str, Any] = {}
+    aliases: dict[int, str] = {}
+    for module in modules:
+        for export, value in list(vars(module).items()):
+            if not isinstance(value, handle_type) or value.module != module.__name__:
+                continue
+            seen = aliases.get(id(value))
+            if seen is not None and seen != export and not value.explicit_name:
+                raise JobNameTakenError(
+                    f"one {kind} is exported twice, as {seen!r} and {export!r}; "
+                    "the second alias would move its queue key — export it once",
+                    meta={"names": [seen, export]},
+                )
+            aliases[id(value)] = export
+            name = value.name if value.explicit_name else export
+            held = exports.get(name)
+            if held is not None and held is not value:
+                raise JobNameTakenError(
+                    f"two different {kind}s are registered under {name!r}",
+                    meta={"name": name},
+                )
+            exports[name] = value
+    table = _table(kind)
+    for name, value in exports.items():
+        held = table.get(name)
+        if held is not None and not _same_declaration(held, value):
+            raise JobNameTakenError(
+                f"{kind} name {name!r} is already held by another declaration "
+                f"({held.origin or held.name})",
+                meta={"name": name},
+            )
+    for name, value in exports.items():
+        value._stamp(name)
+    return exports

@@ -1,0 +1,94 @@
+"""Abort signals: how a deadline, a drain or a lost lease reaches a running body.
+
+``ctx.signal`` and every step's signal are ``AbortSignal``s. A body can poll ``aborted``, call
+``throw_if_aborted()``, register a callback, or ``await signal`` to park until it fires. On a
+deadline or a drain the runner also cancels the body's task, so an ``await`` that never looks at
+the signal is interrupted too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Generator
+from typing import Any
+
+from .errors import JobAbortedError
+
+__all__ = ["AbortController", "AbortSignal", "any_signal"]
+
+
+class AbortSignal:
+    def __init__(self) -> None:
+        self._reason: BaseException | None = None
+        self._listeners: list[Callable[[BaseException], None]] = []
+        self._waiters: list[asyncio.Future[BaseException]] = []
+
+    @property
+    def aborted(self) -> bool:
+        return self._reason is not None
+
+    @property
+    def reason(self) -> BaseException | None:
+        return self._reason
+
+    def throw_if_aborted(self) -> None:
+        if self._reason is not None:
+            raise self._reason
+
+    def add_listener(self, listener: Callable[[BaseException], None]) -> Callable[[], None]:
+        """Call ``listener(reason)`` once the signal fires (at once if it already has)."""
+        if self._reason is not None:
+            listener(self._reason)
+            return lambda: None
+        self._listeners.append(listener)
+
+        def remove() -> None:
+            if listener in self._listeners:
+                self._listeners.remove(listener)
+
+        return remove
+
+    async def wait(self) -> BaseException:
+        """Park until the signal fires; answers the reason."""
+        if self._reason is not None:
+            return self._reason
+        future: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
+        self._waiters.append(future)
+        try:
+            return await future
+        finally:
+            if future in self._waiters:
+                self._waiters.remove(future)
+
+    def __await__(self) -> Generator[Any, None, BaseException]:
+        return self.wait().__await__()
+
+    def _fire(self, reason: BaseException) -> None:
+        if self._reason is not None:
+            return
+        self._reason = reason
+        listeners, self._listeners = self._listeners, []
+        for listener in listeners:
+            listener(reason)
+        for waiter in self._waiters:
+            if not waiter.done():
+                waiter.set_result(reason)
+
+    def __repr__(self) -> str:
+        return f"AbortSignal(aborted={self.aborted}, reason={self._reason!r})"
+
+
+class AbortController:
+    def __init__(self) -> None:
+        self.signal = AbortSignal()
+
+    def abort(self, reason: BaseException | None = None) -> None:
+        self.signal._fire(reason if reason is not None else JobAbortedError("aborted"))
+
+
+def any_signal(*signals: AbortSignal) -> AbortSignal:
+    """A signal that fires with the reason of whichever of ``signals`` fires first."""
+    controller = AbortController()
+    for signal in signals:
+        signal.add_listener(controller.abort)
+    return controller.signal

@@ -1,0 +1,229 @@
+"""``task()``: a cron schedule that puts jobs on the queue.
+
+A task does no work itself: each occurrence hands its instant (``occurrence_ms``) to the jobs its
+``enqueue`` names, synchronously and without I/O, so ``describe()`` can list them and the tick stays
+cheap. Work that reads the database (one job per row) is a fan-out JOB the task enqueues.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, TypeAlias, overload
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from . import registry
+from .clock import SYSTEM_CLOCK, Clock
+from .constants import MAX_CATCH_UP
+from .errors import CronUnavailableError, JobDeclarationInvalidError
+from .facade import _driver_clock
+from .job import AnyJobHandle, JobHandle
+from .model import Enqueued, EnqueueRequest
+
+__all__ = ["AnyTaskHandle", "CatchUp", "TaskDescriptor", "TaskHandle", "task"]
+
+CatchUp: TypeAlias = Literal["skip", "run-once", "run-all"]
+Entries: TypeAlias = Sequence[tuple[AnyJobHandle, Any]]
+EnqueueFn: TypeAlias = Callable[[int], Entries] | Callable[[], Entries]
+
+
+@dataclass(frozen=True, slots=True)
+class TaskDescriptor:
+    name: str
+    cron: str
+    tz: str
+    catch_up: CatchUp
+    max_catch_up: int
+    jobs: Sequence[str]
+    kind: Literal["task"] = "task"
+
+
+def _croniter() -> Any:
+    try:
+        import croniter
+    except ImportError as exc:  # pragma: no cover - exercised only without the extra
+        raise CronUnavailableError(
+            "task() needs croniter: pip install 'ultimat3-jobs-core[cron]'"
+        ) from exc
+    return croniter
+
+
+class TaskHandle:
+    def __init__(
+        self,
+        enqueue: EnqueueFn,
+        *,
+        cron: str,
+        tz: str,
+        catch_up: CatchUp = "skip",
+        max_catch_up: int = MAX_CATCH_UP,
+        name: str | None = None,
+    ) -> None:
+        if not callable(enqueue):
+            raise JobDeclarationInvalidError(
+                "task enqueue must be a function", meta={"field": "enqueue"}
+            )
+        self.cron = _check_cron(cron)
+        self.tz = _check_tz(tz)
+        self.zone = ZoneInfo(self.tz)
+        if catch_up not in ("skip", "run-once", "run-all"):
+            raise JobDeclarationInvalidError(
+                f"catch_up must be 'skip', 'run-once' or 'run-all', got {catch_up!r}",
+                meta={"field": "catch_up"},
+            )
+        self.catch_up: CatchUp = catch_up
+        if isinstance(max_catch_up, bool) or not isinstance(max_catch_up, int) or max_catch_up < 1:
+            raise JobDeclarationInvalidError(
+                f"max_catch_up must be a whole number >= 1, got {max_catch_up!r}",
+                meta={"field": "max_catch_up"},
+            )
+        self.max_catch_up = max_catch_up
+        self._enqueue = enqueue
+        self._takes_occurrence = bool(inspect.signature(enqueue).parameters)
+        self.module: str | None = getattr(enqueue, "__module__", None)
+        qualname = getattr(enqueue, "__qualname__", None)
+        self.origin = f"{self.module}:{qualname}" if self.module and qualname else None
+        self.explicit_name = name is not None
+        if name is not None:
+            if not isinstance(name, str) or not name.strip():
+                raise JobDeclarationInvalidError("task name must be a non-empty string")
+            self.name = name
+        elif str(getattr(enqueue, "__name__", "")).isidentifier():
+            self.name = enqueue.__name__
+        else:
+            self.name = registry.anonymous_name("task")
+            self.origin = None
+        registry.claim_name("task", self.name, self, explicit=self.explicit_name)
+
+    def __repr__(self) -> str:
+        return f"<task {self.name!r} cron={self.cron!r} tz={self.tz!r}>"
+
+    def _stamp(self, name: str) -> None:
+        if self.explicit_name or name == self.name:
+            registry.claim_name("task", self.name, self, explicit=False)
+            return
+        registry.release_name("task", self.name, self)
+        self.name = name
+        registry.claim_name("task", name, self, explicit=True)
+
+    def entries(self, occurrence_ms: int = 0) -> list[tuple[AnyJobHandle, Any]]:
+        """The declared ``(job, input)`` pairs for one occurrence."""
+        produced = (
+            self._enqueue(occurrence_ms)  # type: ignore[call-arg]
+            if self._takes_occurrence
+            else self._enqueue()  # type: ignore[call-arg]
+        )
+        pairs: list[tuple[AnyJobHandle, Any]] = []
+        for entry in produced:
+            handle, value = entry
+            if not isinstance(handle, JobHandle):
+                raise JobDeclarationInvalidError(
+                    f"task {self.name!r} must enqueue job handles, got {handle!r}",
+                    meta={"task": self.name},
+                )
+            pairs.append((handle, value))
+        return pairs
+
+    def requests(self, occurrence_ms: int, *, clock: Clock) -> list[EnqueueRequest]:
+        """The rows one scheduled occurrence inserts: each job's own key, scoped to the
+        occurrence, so a manual ``enqueue()`` and a scheduled fire stay distinct rows."""
+        prefix = f"task:{self.name}@{occurrence_ms}:"
+        return [
+            handle.request(value, key_prefix=prefix, clock=clock)
+            for handle, value in self.entries(occurrence_ms)
+        ]
+
+    async def enqueue(self) -> list[Enqueued]:
+        """Fire every declared entry now, under each job's own idempotency key."""
+        clock = _driver_clock() or SYSTEM_CLOCK
+        now_ms = math.floor(clock.now().timestamp() * 1000)
+        return [await handle.enqueue(value) for handle, value in self.entries(now_ms)]
+
+    def describe(self) -> TaskDescriptor:
+        return TaskDescriptor(
+            name=self.name,
+            cron=self.cron,
+            tz=self.tz,
+            catch_up=self.catch_up,
+            max_catch_up=self.max_catch_up,
+            jobs=[handle.name for handle, _ in self.entries(0)],
+        )
+
+
+AnyTaskHandle: TypeAlias = TaskHandle
+
+
+def _check_cron(cron: Any) -> str:
+    if not isinstance(cron, str) or not cron.strip():
+        raise JobDeclarationInvalidError("cron must be a non-empty string", meta={"field": "cron"})
+    if not _croniter().croniter.is_valid(cron):
+        raise JobDeclarationInvalidError(
+            f"cron {cron!r} is not a valid cron expression", meta={"field": "cron"}
+        )
+    return cron
+
+
+def _check_tz(tz: Any) -> str:
+    if not isinstance(tz, str) or not tz.strip():
+        raise JobDeclarationInvalidError(
+            "tz is required: a cron without a timezone is a bug (tz='UTC' is a fine answer)",
+            meta={"field": "tz"},
+        )
+    try:
+        ZoneInfo(tz)
+    except (ZoneInfoNotFoundError, ValueError) as exc:
+        raise JobDeclarationInvalidError(
+            f"tz {tz!r} is not an IANA timezone (e.g. 'America/Bogota', 'Europe/Paris', 'UTC')",
+            meta={"field": "tz"},
+        ) from exc
+    return tz
+
+
+@overload
+def task(
+    *,
+    cron: str,
+    tz: str,
+    enqueue: EnqueueFn,
+    catch_up: CatchUp = "skip",
+    max_catch_up: int = MAX_CATCH_UP,
+    name: str | None = None,
+) -> TaskHandle: ...
+
+
+@overload
+def task(
+    *,
+    cron: str,
+    tz: str,
+    catch_up: CatchUp = "skip",
+    max_catch_up: int = MAX_CATCH_UP,
+    name: str | None = None,
+) -> Callable[[EnqueueFn], TaskHandle]: ...
+
+
+def task(
+    *,
+    cron: str,
+    tz: str,
+    enqueue: EnqueueFn | None = None,
+    catch_up: CatchUp = "skip",
+    max_catch_up: int = MAX_CATCH_UP,
+    name: str | None = None,
+) -> TaskHandle | Callable[[EnqueueFn], TaskHandle]:
+    """Declare a cron task: ``task(cron=…, tz=…, enqueue=fn)``, or as a decorator over ``fn``.
+
+    ``fn(occurrence_ms)`` (or ``fn()``) answers the ``(job, input)`` pairs one occurrence queues.
+    ``tz`` is required and checked against the IANA database.
+    """
+    _check_cron(cron)
+    _check_tz(tz)
+
+    def declare(fn: EnqueueFn) -> TaskHandle:
+        return TaskHandle(
+            fn, cron=cron, tz=tz, catch_up=catch_up, max_catch_up=max_catch_up, name=name
+        )
+
+    return declare(enqueue) if enqueue is not None else declare

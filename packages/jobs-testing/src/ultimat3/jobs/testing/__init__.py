@@ -1,0 +1,1 @@
+"""ultimat3-jobs testing: the driver conformance suite, run_jobs() and service fixtures."""

@@ -1,0 +1,77 @@
+"""pytest fixtures for Postgres and Redis: a fresh database or key prefix per test.
+
+Registered as a pytest plugin by the ``ultimat3-jobs-testing`` distribution, so any project that
+installs it can ask for ``postgres_url``/``pg_database_url`` and ``redis_url``/``redis_prefix``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from .services import Found, find_postgres, find_redis
+
+__all__ = ["pg_database_url", "postgres_url", "redis_prefix", "redis_url"]
+
+
+@pytest.fixture(scope="session")
+def _postgres_found() -> Found:
+    return find_postgres()
+
+
+@pytest.fixture(scope="session")
+def _redis_found() -> Found:
+    return find_redis()
+
+
+@pytest.fixture(scope="session")
+def postgres_url(_postgres_found: Found) -> str:
+    """A URL of a Postgres server the tests may create databases on."""
+    if _postgres_found.url is None:
+        pytest.skip(f"no PostgreSQL server found: {_postgres_found.reason}")
+    return _postgres_found.url
+
+
+@pytest.fixture
+def pg_database_url(postgres_url: str) -> Iterator[str]:
+    """A fresh, empty database for one test, dropped after it."""
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    name = f"ujobs_test_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(f'create database "{name}"')
+    params = conninfo_to_dict(postgres_url)
+    params["dbname"] = name
+    try:
+        yield make_conninfo("", **params)
+    finally:
+        with psycopg.connect(postgres_url, autocommit=True) as conn:
+            conn.execute(f'drop database if exists "{name}" with (force)')
+
+
+@pytest.fixture(scope="session")
+def redis_url(_redis_found: Found) -> str:
+    if _redis_found.url is None:
+        pytest.skip(f"no Redis server found: {_redis_found.reason}")
+    return _redis_found.url
+
+
+@pytest.fixture
+def redis_prefix(redis_url: str) -> Iterator[str]:
+    """A key prefix no other test uses; its keys are deleted after the test."""
+    import redis
+
+    prefix = f"ujobs-test-{uuid.uuid4().hex[:12]}"
+    try:
+        yield prefix
+    finally:
+        client = redis.Redis.from_url(redis_url)
+        try:
+            keys = list(client.scan_iter(match=f"*{prefix}*", count=1000))
+            if keys:
+                client.delete(*keys)
+        finally:
+            client.close()
