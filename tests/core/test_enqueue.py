@@ -1,0 +1,176 @@
+"""The handle's enqueue: ids, dedupe per tenant, options, and refusals before anything is queued."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from uuid import UUID, uuid4
+
+import pytest
+from pydantic import BaseModel
+
+from ultimat3.jobs.core import (
+    Actor,
+    Concurrency,
+    DriverUnavailableError,
+    FrozenClock,
+    JobConcurrencyKeyInvalidError,
+    JobDuplicateError,
+    JobFilter,
+    JobInputInvalidError,
+    JobState,
+    JobTenantMismatchError,
+    job,
+    reset_job_driver,
+)
+from ultimat3.jobs.core.memory import MemoryJobDriver
+
+
+class Onboard(BaseModel):
+    org_id: UUID
+
+
+@job(
+    input=Onboard,
+    idempotency_key=lambda i: f"onboard:{i.org_id}",
+    tenant=lambda i: str(i.org_id),
+    queue="onboarding",
+)
+async def onboard_for_enqueue(*, input: Onboard) -> None:
+    return None
+
+
+class Digest(BaseModel):
+    day: str
+
+
+@job(input=Digest, idempotency_key=lambda i: f"digest:{i.day}", tenant="none")
+async def digest_for_enqueue(*, input: Digest) -> None:
+    return None
+
+
+class Account(BaseModel):
+    account_id: str
+
+
+@job(
+    input=Account,
+    idempotency_key=lambda i: f"sync:{i.account_id}",
+    tenant="none",
+    concurrency=Concurrency(key=lambda i: i.account_id, limit=1),
+)
+async def sync_for_enqueue(*, input: Account) -> None:
+    return None
+
+
+async def rows(driver: MemoryJobDriver) -> list[object]:
+    return list((await driver.introspect.list(JobFilter())).rows)
+
+
+async def test_enqueue_answers_the_jobs_own_ids(driver: MemoryJobDriver) -> None:
+    queued = await onboard_for_enqueue.enqueue(Onboard(org_id=uuid4()))
+    detail = await driver.introspect.get(queued.id)
+    assert detail is not None
+    assert (detail.row.id, detail.row.run_id, queued.deduped) == (queued.id, queued.run_id, False)
+    assert detail.row.queue == "onboarding"
+    assert detail.row.state is JobState.READY
+
+
+async def test_a_live_key_dedupes_and_names_the_live_row(driver: MemoryJobDriver) -> None:
+    org = uuid4()
+    first = await onboard_for_enqueue.enqueue(Onboard(org_id=org))
+    again = await onboard_for_enqueue.enqueue(Onboard(org_id=org))
+    assert again.deduped
+    assert (again.id, again.run_id) == (first.id, first.run_id)
+    assert len(await rows(driver)) == 1
+
+
+async def test_on_conflict_error_raises_x_job_duplicate(driver: MemoryJobDriver) -> None:
+    org = uuid4()
+    await onboard_for_enqueue.enqueue(Onboard(org_id=org))
+    with pytest.raises(JobDuplicateError) as caught:
+        await onboard_for_enqueue.enqueue(Onboard(org_id=org), on_conflict="error")
+    assert caught.value.code == "X_JOB_DUPLICATE"
+
+
+async def test_the_same_key_under_another_tenant_is_another_row(driver: MemoryJobDriver) -> None:
+    await digest_for_enqueue.as_(Actor(id="u1", org_id="org-a"), Digest(day="2026-11-30"))
+    other = await digest_for_enqueue.as_(Actor(id="u2", org_id="org-b"), Digest(day="2026-11-30"))
+    assert not other.deduped
+    assert len(await rows(driver)) == 2
+
+
+async def test_as_stamps_the_tenant_and_enqueued_by(driver: MemoryJobDriver) -> None:
+    org = uuid4()
+    queued = await onboard_for_enqueue.as_(Actor(id="user-7", org_id=str(org)), Onboard(org_id=org))
+    detail = await driver.introspect.get(queued.id)
+    assert detail is not None
+    assert (detail.row.tenant_id, detail.row.enqueued_by) == (str(org), "user-7")
+
+
+async def test_as_for_an_org_the_input_does_not_name_is_refused(driver: MemoryJobDriver) -> None:
+    with pytest.raises(JobTenantMismatchError):
+        await onboard_for_enqueue.as_(Actor(id="u", org_id="someone-else"), Onboard(org_id=uuid4()))
+    assert await rows(driver) == []
+
+
+async def test_run_id_names_the_run(driver: MemoryJobDriver) -> None:
+    queued = await onboard_for_enqueue.enqueue(Onboard(org_id=uuid4()), run_id="request-42")
+    assert queued.run_id == "request-42"
+
+
+async def test_delay_and_run_at_are_on_the_enqueuers_clock(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    later = await digest_for_enqueue.enqueue(Digest(day="a"), delay="10m")
+    at = datetime(2026, 6, 1, tzinfo=UTC)
+    pinned = await digest_for_enqueue.enqueue(Digest(day="b"), run_at=at)
+    later_row = await driver.introspect.get(later.id)
+    pinned_row = await driver.introspect.get(pinned.id)
+    assert later_row is not None
+    assert pinned_row is not None
+    assert later_row.row.run_at == clock.now() + timedelta(minutes=10)
+    assert later_row.row.state is JobState.DELAYED
+    assert pinned_row.row.run_at == at
+
+
+async def test_a_per_call_queue_overrides_the_declared_one(driver: MemoryJobDriver) -> None:
+    queued = await digest_for_enqueue.enqueue(Digest(day="c"), queue="reports")
+    detail = await driver.introspect.get(queued.id)
+    assert detail is not None
+    assert detail.row.queue == "reports"
+
+
+async def test_input_that_fails_validation_is_refused_and_nothing_queued(
+    driver: MemoryJobDriver,
+) -> None:
+    with pytest.raises(JobInputInvalidError) as caught:
+        await onboard_for_enqueue.enqueue({"org_id": "not-a-uuid"})  # type: ignore[arg-type]
+    assert caught.value.code == "X_VALIDATION"
+    assert await rows(driver) == []
+
+
+async def test_a_dict_input_is_validated_and_stored_in_its_json_form(
+    driver: MemoryJobDriver,
+) -> None:
+    org = uuid4()
+    queued = await onboard_for_enqueue.enqueue({"org_id": str(org)})  # type: ignore[arg-type]
+    detail = await driver.introspect.get(queued.id)
+    assert detail is not None
+    assert detail.row.input == {"org_id": str(org)}
+
+
+@pytest.mark.parametrize("key", ["", "x" * 201])
+async def test_a_concurrency_key_that_is_empty_or_too_long_is_refused_at_enqueue(
+    driver: MemoryJobDriver, key: str
+) -> None:
+    with pytest.raises(JobConcurrencyKeyInvalidError) as caught:
+        await sync_for_enqueue.enqueue(Account(account_id=key))
+    assert caught.value.code == "X_JOB_DECLARATION_INVALID"
+    assert await rows(driver) == []
+
+
+async def test_enqueue_with_nothing_installed_is_x_driver_unavailable() -> None:
+    reset_job_driver()
+    with pytest.raises(DriverUnavailableError) as caught:
+        await digest_for_enqueue.enqueue(Digest(day="d"))
+    assert caught.value.code == "X_DRIVER_UNAVAILABLE"

@@ -1,0 +1,510 @@
+"""One attempt from claim to settle: every outcome, with its counting rule."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, replace
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from support.drive import drain
+
+from ultimat3.jobs.core import (
+    LEASE_LAPSED_FINAL_ATTEMPT,
+    AbortController,
+    AbortSignal,
+    ClaimedJob,
+    FrozenClock,
+    JobContext,
+    JobDrainedError,
+    JobKeyBusyError,
+    JobsError,
+    JobState,
+    LeaseLostError,
+    Progress,
+    Retry,
+    Settled,
+    Step,
+    execute_job,
+    job,
+)
+from ultimat3.jobs.core.execute import announce_exhausted, refuse_job
+from ultimat3.jobs.core.memory import MemoryJobDriver
+
+
+@dataclass
+class Ping:
+    host: str
+
+
+def ping_job(body: Any, **options: Any) -> Any:
+    fields: dict[str, Any] = {
+        "input": Ping,
+        "idempotency_key": lambda i: f"ping:{i.host}",
+        "tenant": "none",
+        "retry": Retry(attempts=3, delay=1, jitter=False),
+    }
+    fields.update(options)
+    return job(**fields)(body)
+
+
+async def claim_one(driver: MemoryJobDriver, queue: str = "default") -> ClaimedJob:
+    batch = await driver.claim(worker_id="w1", slots={queue: 1}, visibility_timeout=30)
+    assert len(batch.jobs) == 1
+    return batch.jobs[0]
+
+
+async def row(driver: MemoryJobDriver, job_id: str) -> Any:
+    detail = await driver.introspect.get(job_id)
+    assert detail is not None
+    return detail.row
+
+
+async def totals(driver: MemoryJobDriver, clock: FrozenClock) -> dict[str, int]:
+    found = await driver.introspect.counter_totals(since=clock.now() - timedelta(days=1))
+    if not found:
+        return {}
+    t = found[0]
+    return {"done": t.done, "retried": t.retried, "failed": t.failed, "dead": t.dead}
+
+
+async def test_a_body_that_returns_completes_and_counts_done(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    async def ok(*, input: Ping) -> str:
+        return f"pong {input.host}"
+
+    handle = ping_job(ok)
+    queued = await handle.enqueue(Ping("a"))
+    execution = await execute_job(await claim_one(driver), driver=driver, handle=handle)
+    assert (execution.outcome, execution.settled, execution.result) == ("completed", True, "pong a")
+    assert (await row(driver, queued.id)).state is JobState.DONE
+    assert await totals(driver, clock) == {"done": 1, "retried": 0, "failed": 0, "dead": 0}
+
+
+async def test_a_throw_with_attempts_left_retries_after_the_backoff(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    async def boom(*, input: Ping) -> None:
+        raise RuntimeError("down")
+
+    handle = ping_job(boom)
+    queued = await handle.enqueue(Ping("b"))
+    execution = await execute_job(await claim_one(driver), driver=driver, handle=handle)
+    assert execution.outcome == "retried"
+    stored = await row(driver, queued.id)
+    assert (stored.state, stored.attempt, stored.run_at) == (
+        JobState.READY,
+        1,
+        clock.now() + timedelta(seconds=1),
+    )
+    assert "RuntimeError: down" in stored.last_error
+    assert (await totals(driver, clock))["retried"] == 1
+
+
+async def test_exhausted_attempts_dead_letter_with_the_stop_reason(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    async def boom(*, input: Ping) -> None:
+        raise RuntimeError("down")
+
+    handle = ping_job(boom)
+    queued = await handle.enqueue(Ping("c"))
+    executions = await drain(driver, clock, handle)
+    assert [e.outcome for e in executions] == ["retried", "retried", "dead-lettered"]
+    assert executions[-1].stop_reason == "attempts-exhausted"
+    stored = await row(driver, queued.id)
+    assert (stored.state, stored.attempt) == (JobState.DEAD, 3)
+    assert await totals(driver, clock) == {"done": 0, "retried": 2, "failed": 0, "dead": 1}
+
+
+async def test_dead_letter_false_drops_the_row_to_failed(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    async def boom(*, input: Ping) -> None:
+        raise RuntimeError("down")
+
+    handle = ping_job(boom, retry=Retry(attempts=1, dead_letter=False))
+    queued = await handle.enqueue(Ping("d"))
+    [execution] = await drain(driver, clock, handle)
+    assert execution.outcome == "dropped"
+    assert (await row(driver, queued.id)).state is JobState.FAILED
+    assert (await totals(driver, clock))["failed"] == 1
+
+
+class RejectedError(JobsError):
+    code = "X_VALIDATION"
+
+
+async def test_a_terminal_code_dead_letters_at_once_and_says_why(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    async def reject(*, input: Ping) -> None:
+        raise RejectedError("bad card")
+
+    handle = ping_job(reject, retry=Retry(attempts=5))
+    queued = await handle.enqueue(Ping("e"))
+    [execution] = await drain(driver, clock, handle)
+    assert (execution.outcome, execution.stop_reason) == ("dead-lettered", "terminal")
+    stored = await row(driver, queued.id)
+    assert stored.attempt == 1
+    assert "terminal: dead-lettered on attempt 1 of 5" in stored.last_error
+
+
+async def test_a_suspension_hands_the_attempt_back(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    async def nap(*, input: Ping, step: Step) -> None:
+        await step.sleep("1h")
+
+    handle = ping_job(nap)
+    queued = await handle.enqueue(Ping("f"))
+    execution = await execute_job(await claim_one(driver), driver=driver, handle=handle)
+    assert execution.outcome == "suspended"
+    stored = await row(driver, queued.id)
+    assert (stored.state, stored.attempt) == (JobState.SUSPENDED, 0)
+    assert stored.run_at == clock.now() + timedelta(hours=1)
+    assert await totals(driver, clock) == {}
+
+
+async def test_the_deadline_aborts_ctx_signal_and_cancels_the_body(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    seen: list[AbortSignal] = []
+
+    async def stuck(*, input: Ping, ctx: JobContext[Any]) -> None:
+        seen.append(ctx.signal)
+        await asyncio.sleep(3600)
+
+    handle = ping_job(stuck, timeout="5s")
+    queued = await handle.enqueue(Ping("g"))
+    running = asyncio.create_task(
+        execute_job(await claim_one(driver), driver=driver, handle=handle)
+    )
+    while not seen:
+        await asyncio.sleep(0)
+    clock.advance(5)
+    execution = await running
+    assert seen[0].aborted
+    assert execution.outcome == "retried"
+    assert getattr(execution.error, "code", None) == "X_JOB_TIMEOUT"
+    assert "X_JOB_TIMEOUT" in (await row(driver, queued.id)).last_error
+
+
+async def test_a_body_that_finishes_past_its_deadline_is_logged_abandoned(
+    driver: MemoryJobDriver, clock: FrozenClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def ignores_signal(*, input: Ping) -> str:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            return "finished anyway"
+        return "never"
+
+    handle = ping_job(ignores_signal, timeout="1s")
+    await handle.enqueue(Ping("h"))
+    running = asyncio.create_task(
+        execute_job(await claim_one(driver), driver=driver, handle=handle)
+    )
+    await asyncio.sleep(0.01)
+    with caplog.at_level(logging.ERROR, logger="ultimat3.jobs"):
+        clock.advance(1)
+        execution = await running
+    assert execution.outcome == "retried"
+    assert any(r.getMessage().startswith("jobs.timeout.abandoned") for r in caplog.records)
+
+
+async def test_a_drain_interrupts_the_attempt_uncounted_and_ready_at_once(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    started = asyncio.Event()
+
+    async def long(*, input: Ping) -> None:
+        started.set()
+        await asyncio.sleep(3600)
+
+    handle = ping_job(long, retry=Retry(attempts=1))
+    queued = await handle.enqueue(Ping("i"))
+    drain_signal = AbortController()
+    running = asyncio.create_task(
+        execute_job(
+            await claim_one(driver), driver=driver, handle=handle, signal=drain_signal.signal
+        )
+    )
+    await started.wait()
+    drain_signal.abort(JobDrainedError("worker w1 draining on SIGTERM"))
+    execution = await running
+    assert execution.outcome == "interrupted"
+    stored = await row(driver, queued.id)
+    assert (stored.state, stored.attempt, stored.run_at) == (JobState.READY, 0, clock.now())
+    assert await totals(driver, clock) == {}
+
+
+async def test_a_lost_lease_settles_nothing(driver: MemoryJobDriver, clock: FrozenClock) -> None:
+    started = asyncio.Event()
+
+    async def long(*, input: Ping) -> None:
+        started.set()
+        await asyncio.sleep(3600)
+
+    handle = ping_job(long)
+    queued = await handle.enqueue(Ping("j"))
+    lease = AbortController()
+    running = asyncio.create_task(
+        execute_job(await claim_one(driver), driver=driver, handle=handle, signal=lease.signal)
+    )
+    await started.wait()
+    lease.abort(LeaseLostError("renewals stopped landing"))
+    execution = await running
+    assert (execution.outcome, execution.settled) == ("lease-lost", False)
+    assert (await row(driver, queued.id)).state is JobState.RUNNING
+
+
+async def test_a_cancelled_row_refuses_the_workers_settle(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    async def ok(*, input: Ping) -> None:
+        await driver.introspect.cancel(queued.id, "operator")
+
+    handle = ping_job(ok)
+    queued = await handle.enqueue(Ping("k"))
+    execution = await execute_job(await claim_one(driver), driver=driver, handle=handle)
+    assert (execution.outcome, execution.settled) == ("lease-lost", False)
+    assert (await row(driver, queued.id)).state is JobState.CANCELLED
+
+
+async def test_execute_cancelled_from_outside_settles_nothing(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    started = asyncio.Event()
+
+    async def long(*, input: Ping) -> None:
+        started.set()
+        await asyncio.sleep(3600)
+
+    handle = ping_job(long)
+    queued = await handle.enqueue(Ping("l"))
+    running = asyncio.create_task(
+        execute_job(await claim_one(driver), driver=driver, handle=handle)
+    )
+    await started.wait()
+    running.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await running
+    assert (await row(driver, queued.id)).state is JobState.RUNNING
+
+
+async def test_a_stored_payload_that_no_longer_parses_dead_letters_keeping_it(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    told: list[Settled[Any]] = []
+
+    async def ok(*, input: Ping) -> None:
+        return None
+
+    handle = ping_job(ok, retry=Retry(attempts=5), on_settled=told.append)
+    queued = await handle.enqueue(Ping("m"))
+    driver._state.rows[queued.id].input = {"hostname": "renamed-field"}
+    [execution] = await drain(driver, clock, handle)
+    assert (execution.outcome, execution.stop_reason) == ("dead-lettered", "terminal")
+    stored = await row(driver, queued.id)
+    assert stored.input == {"hostname": "renamed-field"}
+    assert "X_VALIDATION" in stored.last_error
+    assert (told[0].outcome, told[0].input, told[0].code) == ("dead-lettered", None, "X_VALIDATION")
+
+
+async def test_an_unregistered_name_is_retried_not_lost(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    async def ok(*, input: Ping) -> None:
+        return None
+
+    handle = ping_job(ok)
+    await handle.enqueue(Ping("n"))
+    claimed = replace(await claim_one(driver), name="no-such-job-is-registered")
+    execution = await execute_job(claimed, driver=driver)
+    assert execution.outcome == "retried"
+    assert "no job named" in str(execution.error)
+
+
+async def test_progress_is_written_at_most_once_a_second_plus_the_last(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    writes: list[Any] = []
+    record = driver.introspect.record_progress
+
+    async def spy(job_id: str, ref: Any, progress: Any) -> bool:
+        writes.append(progress)
+        return await record(job_id, ref, progress)
+
+    driver.introspect.record_progress = spy  # type: ignore[method-assign]
+
+    async def loop(*, input: Ping, progress: Any) -> None:
+        for done in range(5):
+            progress(done, 5, "rows")
+        clock.advance(1)
+        progress(5, 5)
+
+    handle = ping_job(loop)
+    queued = await handle.enqueue(Ping("o"))
+    execution = await execute_job(await claim_one(driver), driver=driver, handle=handle)
+    assert [(w.done, w.total) for w in writes] == [(0, 5), (5, 5)]
+    assert execution.progress is not None
+    assert execution.progress.done == 5
+    assert (await row(driver, queued.id)).progress == Progress(done=5, total=5)
+
+
+async def test_on_settled_is_told_completed_with_the_result_under_the_tenant(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    from ultimat3.jobs.core import current_actor
+
+    told: list[tuple[str, Any, Any]] = []
+
+    async def hook(settled: Settled[Any]) -> None:
+        actor = current_actor()
+        told.append((settled.outcome, settled.result, actor.org_id if actor else None))
+
+    async def sync(*, input: Ping) -> dict[str, int]:
+        return {"rows": 2}
+
+    handle = job(
+        input=Ping,
+        idempotency_key=lambda i: i.host,
+        tenant=lambda i: f"org-{i.host}",
+        on_settled=hook,
+    )(sync)
+    await handle.enqueue(Ping("p"))
+    await drain(driver, clock, handle)
+    assert told == [("completed", {"rows": 2}, "org-p")]
+
+
+async def test_on_settled_is_not_told_about_a_retry(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    told: list[str] = []
+    attempts: list[int] = []
+
+    async def flaky(*, input: Ping, attempt: int) -> None:
+        attempts.append(attempt)
+        if attempt == 1:
+            raise RuntimeError("once")
+
+    handle = ping_job(flaky, on_settled=lambda s: told.append(s.outcome))
+    await handle.enqueue(Ping("q"))
+    await drain(driver, clock, handle)
+    assert (attempts, told) == ([1, 2], ["completed"])
+
+
+async def test_a_hook_that_keeps_throwing_is_tried_three_times_logged_and_never_thrown(
+    driver: MemoryJobDriver, clock: FrozenClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    tries: list[int] = []
+
+    def hook(settled: Settled[Any]) -> None:
+        tries.append(1)
+        raise RuntimeError("webhook down")
+
+    async def ok(*, input: Ping) -> None:
+        return None
+
+    handle = ping_job(ok, on_settled=hook)
+    queued = await handle.enqueue(Ping("r"))
+    with caplog.at_level(logging.ERROR, logger="ultimat3.jobs"):
+        [execution] = await drain(driver, clock, handle)
+    assert len(tries) == 3
+    assert execution.outcome == "completed"
+    assert execution.on_settled_error is not None
+    assert execution.on_settled_error.code == "X_JOB_ON_SETTLED_FAILED"
+    assert any(r.getMessage().startswith("jobs.on-settled.failed") for r in caplog.records)
+    assert (await row(driver, queued.id)).state is JobState.DONE
+
+
+async def test_a_refused_run_is_failed_uncounted_and_told(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    told: list[Settled[Any]] = []
+    ran: list[str] = []
+
+    async def body(*, input: Ping) -> None:
+        ran.append(input.host)
+
+    handle = ping_job(body, on_settled=told.append)
+    queued = await handle.enqueue(Ping("s"))
+    execution = await refuse_job(
+        await claim_one(driver),
+        driver=driver,
+        handle=handle,
+        value=Ping("s"),
+        error=JobKeyBusyError("key s is held by another run"),
+    )
+    assert (execution.outcome, execution.settled, ran) == ("refused", True, [])
+    stored = await row(driver, queued.id)
+    assert (stored.state, stored.attempt) == (JobState.FAILED, 0)
+    assert "X_JOB_KEY_BUSY" in stored.last_error
+    assert (told[0].outcome, told[0].code) == ("refused", "X_JOB_KEY_BUSY")
+    assert (await totals(driver, clock))["failed"] == 1
+
+
+async def test_a_lease_lapsed_on_the_final_attempt_is_buried_and_told(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    told: list[Settled[Any]] = []
+
+    async def dies(*, input: Ping) -> None:
+        return None
+
+    handle = ping_job(dies, retry=Retry(attempts=1), on_settled=told.append)
+    queued = await handle.enqueue(Ping("t"))
+    await claim_one(driver)  # the worker that took it dies here
+    clock.advance(31)
+    batch = await driver.claim(worker_id="w2", slots={"default": 1}, visibility_timeout=30)
+    assert batch.jobs == []
+    [buried] = batch.exhausted
+    await announce_exhausted(buried, handle=handle)
+    stored = await row(driver, queued.id)
+    assert (stored.state, stored.last_error) == (JobState.DEAD, LEASE_LAPSED_FINAL_ATTEMPT)
+    assert (told[0].outcome, told[0].code) == ("dead-lettered", None)
+    assert str(told[0].error) == LEASE_LAPSED_FINAL_ATTEMPT
+
+
+async def test_final_attempt_is_true_only_when_a_failure_would_not_be_retried(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    seen: list[tuple[int, bool]] = []
+
+    async def body(*, input: Ping, attempt: int, final_attempt: bool) -> None:
+        seen.append((attempt, final_attempt))
+        raise RuntimeError("again")
+
+    handle = ping_job(body, retry=Retry(attempts=3, jitter=False))
+    await handle.enqueue(Ping("u"))
+    await drain(driver, clock, handle)
+    assert seen == [(1, False), (2, False), (3, True)]
+
+
+async def test_a_drained_attempt_is_presented_again_under_the_same_number(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    seen: list[tuple[int, bool]] = []
+    release = asyncio.Event()
+
+    async def body(*, input: Ping, attempt: int, final_attempt: bool) -> None:
+        seen.append((attempt, final_attempt))
+        if len(seen) == 1:
+            release.set()
+            await asyncio.sleep(3600)
+
+    handle = ping_job(body, retry=Retry(attempts=1))
+    await handle.enqueue(Ping("v"))
+    controller = AbortController()
+    running = asyncio.create_task(
+        execute_job(await claim_one(driver), driver=driver, handle=handle, signal=controller.signal)
+    )
+    await release.wait()
+    controller.abort(JobDrainedError("draining"))
+    await running
+    await drain(driver, clock, handle)
+    assert seen == [(1, True), (1, True)]

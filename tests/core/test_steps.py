@@ -1,0 +1,246 @@
+"""Durable steps: run once ever, replay from storage, suspend without burning an attempt."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from ultimat3.jobs.core import (
+    AbortController,
+    AbortSignal,
+    FrozenClock,
+    JobAbortedError,
+    JobTimeoutError,
+    StepDuplicateError,
+    StepOutputInvalidError,
+    StepRecord,
+    StepSuspension,
+    memory_event_bus,
+)
+from ultimat3.jobs.core.steps import Step
+
+
+class Storage:
+    """Step storage as a driver keeps it, with a switch to make the claim lapse."""
+
+    def __init__(self) -> None:
+        self.records: dict[str, StepRecord] = {}
+        self.claim_held = True
+
+    async def __call__(self, record: StepRecord) -> bool:
+        if not self.claim_held:
+            return False
+        self.records[record.name] = record
+        return True
+
+
+def make_step(
+    storage: Storage,
+    clock: FrozenClock,
+    *,
+    signal: AbortSignal | None = None,
+    step_timeout: float | None = None,
+    events: Any = None,
+) -> Step:
+    return Step(
+        store=storage,
+        steps=dict(storage.records),
+        signal=signal or AbortController().signal,
+        clock=clock,
+        events=events or memory_event_bus(clock),
+        step_timeout=step_timeout,
+        event_poll=30,
+    )
+
+
+async def test_a_step_runs_once_and_replays_its_stored_result(clock: FrozenClock) -> None:
+    storage, calls = Storage(), []
+
+    def provision() -> dict[str, str]:
+        calls.append("provision")
+        return {"org": "o1"}
+
+    first = await make_step(storage, clock).run("provision", provision)
+    again = await make_step(storage, clock).run("provision", provision)
+    assert first == again == {"org": "o1"}
+    assert calls == ["provision"]
+
+
+async def test_the_first_run_returns_the_json_round_trip_a_replay_would(clock: FrozenClock) -> None:
+    result = await make_step(Storage(), clock).run("pair", lambda: (1, 2))
+    assert result == [1, 2]
+
+
+async def test_a_result_json_cannot_hold_is_x_step_output_invalid(clock: FrozenClock) -> None:
+    with pytest.raises(StepOutputInvalidError):
+        await make_step(Storage(), clock).run("set", lambda: {1, 2})
+
+
+async def test_a_step_name_twice_in_one_run_is_x_step_duplicate(clock: FrozenClock) -> None:
+    step = make_step(Storage(), clock)
+    await step.run("charge", lambda: 1)
+    with pytest.raises(StepDuplicateError) as caught:
+        await step.run("charge", lambda: 2)
+    assert caught.value.code == "X_STEP_DUPLICATE"
+
+
+async def test_a_failed_step_stores_nothing_and_runs_again_next_attempt(clock: FrozenClock) -> None:
+    storage, calls = Storage(), []
+
+    async def flaky() -> str:
+        calls.append("try")
+        if len(calls) == 1:
+            raise RuntimeError("smtp down")
+        return "sent"
+
+    with pytest.raises(RuntimeError):
+        await make_step(storage, clock).run("welcome", flaky)
+    assert "welcome" not in storage.records
+    assert await make_step(storage, clock).run("welcome", flaky) == "sent"
+
+
+async def test_fn_receives_the_steps_signal(clock: FrozenClock) -> None:
+    seen: list[AbortSignal] = []
+
+    async def save(signal: AbortSignal) -> None:
+        seen.append(signal)
+
+    await make_step(Storage(), clock).run("save", save)
+    assert isinstance(seen[0], AbortSignal)
+    assert not seen[0].aborted
+
+
+async def test_step_timeout_aborts_the_steps_signal_then_fails_the_step(clock: FrozenClock) -> None:
+    seen: list[AbortSignal] = []
+
+    async def hang(signal: AbortSignal) -> None:
+        seen.append(signal)
+        await asyncio.sleep(30)
+
+    with pytest.raises(JobTimeoutError) as caught:
+        await make_step(Storage(), clock, step_timeout=0.01).run("hang", hang)
+    assert caught.value.code == "X_JOB_TIMEOUT"
+    assert seen[0].aborted
+
+
+async def test_a_write_after_the_attempt_was_aborted_is_x_aborted(clock: FrozenClock) -> None:
+    controller, storage = AbortController(), Storage()
+    step = make_step(storage, clock, signal=controller.signal)
+
+    async def slow() -> str:
+        controller.abort(JobTimeoutError("deadline"))
+        return "late"
+
+    with pytest.raises(JobAbortedError) as caught:
+        await step.run("late", slow)
+    assert caught.value.code == "X_ABORTED"
+    assert storage.records == {}
+
+
+async def test_a_write_the_claim_no_longer_holds_is_refused(clock: FrozenClock) -> None:
+    from ultimat3.jobs.core import LeaseLostError
+
+    storage = Storage()
+    storage.claim_held = False
+    with pytest.raises(LeaseLostError):
+        await make_step(storage, clock).run("x", lambda: 1)
+
+
+async def test_sleep_suspends_until_the_wake_time_then_replays(clock: FrozenClock) -> None:
+    storage = Storage()
+    with pytest.raises(StepSuspension) as caught:
+        await make_step(storage, clock).sleep("3d")
+    assert caught.value.resume_at == clock.now() + timedelta(days=3)
+    clock.advance(timedelta(days=1))
+    with pytest.raises(StepSuspension) as again:
+        await make_step(storage, clock).sleep("3d")
+    assert again.value.resume_at == caught.value.resume_at
+    clock.advance(timedelta(days=2))
+    await make_step(storage, clock).sleep("3d")
+
+
+async def test_sleep_takes_an_explicit_name(clock: FrozenClock) -> None:
+    storage = Storage()
+    with pytest.raises(StepSuspension):
+        await make_step(storage, clock).sleep("cool-off", "1h")
+    assert "cool-off" in storage.records
+
+
+async def test_suspension_is_not_an_exception_a_body_can_swallow(clock: FrozenClock) -> None:
+    step = make_step(Storage(), clock)
+
+    async def body_with_broad_handler() -> str:
+        try:
+            await step.sleep("1h")
+        except Exception:
+            return "swallowed"
+        return "slept"
+
+    with pytest.raises(StepSuspension):
+        await body_with_broad_handler()
+
+
+async def test_wait_for_event_suspends_then_answers_the_matching_payload(
+    clock: FrozenClock,
+) -> None:
+    storage, bus = Storage(), memory_event_bus(clock)
+    await bus.publish("order.paid", {"order": "o-1"})
+    with pytest.raises(StepSuspension) as caught:
+        await make_step(storage, clock, events=bus).wait_for_event(
+            "paid", "order.paid", match={"order": "o-2"}, timeout="1h"
+        )
+    assert caught.value.resume_at == clock.now() + timedelta(seconds=30)
+    clock.advance(5)
+    await bus.publish("order.paid", {"order": "o-2", "amount": 10})
+    answer = await make_step(storage, clock, events=bus).wait_for_event(
+        "paid", "order.paid", match={"order": "o-2"}, timeout="1h"
+    )
+    assert answer == {"order": "o-2", "amount": 10}
+
+
+async def test_an_event_published_before_the_wait_began_does_not_match(clock: FrozenClock) -> None:
+    bus = memory_event_bus(clock)
+    await bus.publish("order.paid", {"order": "o-3"})
+    clock.advance(1)
+    with pytest.raises(StepSuspension):
+        await make_step(Storage(), clock, events=bus).wait_for_event(
+            "paid", "order.paid", match={"order": "o-3"}
+        )
+
+
+async def test_wait_for_event_times_out_to_none_or_x_job_timeout_when_required(
+    clock: FrozenClock,
+) -> None:
+    storage, bus = Storage(), memory_event_bus(clock)
+    for name, required in (("optional", False), ("required", True)):
+        with pytest.raises(StepSuspension):
+            await make_step(storage, clock, events=bus).wait_for_event(
+                name, "never", timeout="1m", required=required
+            )
+    clock.advance(61)
+    assert await make_step(storage, clock, events=bus).wait_for_event("optional", "never") is None
+    with pytest.raises(JobTimeoutError):
+        await make_step(storage, clock, events=bus).wait_for_event(
+            "required", "never", required=True
+        )
+
+
+async def test_a_wait_parks_no_longer_than_its_deadline(clock: FrozenClock) -> None:
+    with pytest.raises(StepSuspension) as caught:
+        await make_step(Storage(), clock).wait_for_event("w", "e", timeout="10s")
+    assert caught.value.resume_at == clock.now() + timedelta(seconds=10)
+
+
+async def test_the_timeout_is_declared_on_the_bus_clock_not_the_workers(clock: FrozenClock) -> None:
+    """A worker running an hour ahead of the bus must not give up early."""
+    bus_clock = FrozenClock(clock.now())
+    bus, storage = memory_event_bus(bus_clock), Storage()
+    with pytest.raises(StepSuspension):
+        await make_step(storage, clock, events=bus).wait_for_event("w", "e", timeout="10m")
+    clock.advance(timedelta(hours=1))
+    bus_clock.advance(60)
+    await bus.publish("e", {"ok": True})
+    assert await make_step(storage, clock, events=bus).wait_for_event("w", "e") == {"ok": True}
