@@ -123,9 +123,9 @@ class Step:
     async def run(self, name: str, fn: Callable[..., Any]) -> Any:
         """Run ``fn`` once ever for this run and answer its stored result.
 
-        ``fn`` may take the step's abort signal as its one argument; a sync ``fn`` runs in a
-        thread. With the job's ``step_timeout``, the step's signal aborts at the ceiling and the
-        step fails with ``X_JOB_TIMEOUT``.
+        ``fn`` receives the step's abort signal when it has a required positional parameter;
+        a sync ``fn`` runs in a thread. With the job's ``step_timeout``, the step's signal
+        aborts at the ceiling and the step fails with ``X_JOB_TIMEOUT``.
         """
         held = self._enter(name)
         if held is not None and held.completed:
@@ -267,16 +267,17 @@ def _event_outcome(name: str, output: Mapping[str, Any], required: bool) -> Json
 
 
 def _takes_argument(fn: Callable[..., Any]) -> bool:
+    """True when ``fn`` has a required positional parameter: that one receives the step's
+    signal. Defaulted parameters (``lambda host=host: …``, the loop-variable idiom) do not."""
     try:
         parameters = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):
         return False
-    positional = [
-        p
+    return any(
+        p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        and p.default is inspect.Parameter.empty
         for p in parameters
-        if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    ]
-    return bool(positional) or any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in parameters)
+    )
 
 
 async def _call_sync(fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:

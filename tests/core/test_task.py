@@ -1,0 +1,95 @@
+"""task() declarations: cron and an IANA timezone, checked where they are written."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from ultimat3.jobs.core import JobDeclarationInvalidError, JobFilter, job, task
+from ultimat3.jobs.core.memory import MemoryJobDriver
+
+
+@dataclass
+class Day:
+    day: str
+
+
+@job(input=Day, idempotency_key=lambda i: f"digest:{i.day}", tenant="none")
+async def send_digest_for_tasks(*, input: Day) -> None:
+    return None
+
+
+@pytest.mark.parametrize("tz", ["Bogota", "", "UTC+5", "Mars/Olympus"])
+def test_a_tz_that_is_not_an_iana_zone_is_refused(tz: str) -> None:
+    with pytest.raises(JobDeclarationInvalidError, match="tz"):
+        task(cron="0 3 * * *", tz=tz, enqueue=list)
+
+
+def test_a_malformed_cron_is_refused() -> None:
+    with pytest.raises(JobDeclarationInvalidError, match="cron"):
+        task(cron="every night", tz="UTC", enqueue=list)
+
+
+def test_catch_up_and_max_catch_up_are_checked() -> None:
+    with pytest.raises(JobDeclarationInvalidError):
+        task(cron="0 3 * * *", tz="UTC", enqueue=list, catch_up="some")  # type: ignore[arg-type]
+    with pytest.raises(JobDeclarationInvalidError):
+        task(cron="0 3 * * *", tz="UTC", enqueue=list, max_catch_up=0)
+
+
+def test_describe_lists_the_jobs_in_declaration_order() -> None:
+    nightly = task(
+        cron="0 3 * * *",
+        tz="Europe/Paris",
+        enqueue=lambda: [(send_digest_for_tasks, Day("a"))],
+        catch_up="run-once",
+        name="tests.nightly_digest",
+    )
+    described = nightly.describe()
+    assert (described.kind, described.cron, described.tz, described.catch_up) == (
+        "task",
+        "0 3 * * *",
+        "Europe/Paris",
+        "run-once",
+    )
+    assert described.jobs == ["send_digest_for_tasks"]
+    assert described.max_catch_up == 10
+
+
+def test_the_decorator_form_takes_the_occurrence() -> None:
+    @task(cron="*/5 * * * *", tz="UTC")
+    def every_five(occurrence_ms: int) -> list[tuple[object, Day]]:
+        return [(send_digest_for_tasks, Day(str(occurrence_ms)))]
+
+    [(handle, value)] = every_five.entries(300_000)
+    assert handle is send_digest_for_tasks
+    assert value == Day("300000")
+
+
+def test_an_entry_that_is_not_a_job_is_refused() -> None:
+    odd = task(cron="0 * * * *", tz="UTC", enqueue=lambda: [("send_digest", {})])
+    with pytest.raises(JobDeclarationInvalidError):
+        odd.entries()
+
+
+async def test_enqueue_fires_every_entry_now(driver: MemoryJobDriver) -> None:
+    both = task(
+        cron="0 3 * * *",
+        tz="UTC",
+        enqueue=lambda: [(send_digest_for_tasks, Day("x")), (send_digest_for_tasks, Day("y"))],
+    )
+    results = await both.enqueue()
+    assert [r.deduped for r in results] == [False, False]
+    page = await driver.introspect.list(JobFilter(name="send_digest_for_tasks"))
+    assert sorted(row.input["day"] for row in page.rows) == ["x", "y"]
+
+
+def test_a_scheduled_occurrence_is_keyed_apart_from_a_manual_fire(
+    driver: MemoryJobDriver,
+) -> None:
+    nightly = task(cron="0 3 * * *", tz="UTC", enqueue=lambda: [(send_digest_for_tasks, Day("z"))])
+    [request] = nightly.requests(86_400_000, clock=driver.clock)
+    assert request.idempotency_key.endswith("digest:z")
+    assert request.idempotency_key != "digest:z"
+    assert "86400000" in request.idempotency_key
