@@ -1,0 +1,361 @@
+"""``ujobs``: the operator's command line over any driver's ``introspect``.
+
+The driver comes from ``--url`` (else ``DATABASE_URL``, else ``REDIS_URL``), chosen by the URL's
+scheme among installed drivers: a driver distribution registers ``driver_from_url`` under the
+``ultimat3.jobs.drivers`` entry-point group, and may add subcommands (``migrate``) under
+``ultimat3.jobs.commands``. Every command takes ``--json`` for machine-readable output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
+from datetime import timedelta
+from importlib.metadata import entry_points
+from typing import Any
+from urllib.parse import urlsplit
+
+from .cursor import job_cursor
+from .durations import parse_duration
+from .errors import DriverUnavailableError, JobsError
+from .introspection import (
+    cancel_job,
+    inspect_job,
+    inspect_manifest,
+    inspect_queues,
+    introspection_of,
+    promote_job,
+    remove_job,
+    retry_job,
+    to_jsonable,
+)
+from .model import BulkFilter, JobFilter, JobState
+from .protocol import JobDriver
+
+__all__ = ["driver_for_url", "main"]
+
+Handler = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
+
+
+async def driver_for_url(url: str) -> JobDriver:
+    """The installed driver whose scheme ``url`` names."""
+    scheme = urlsplit(url).scheme.split("+", 1)[0]
+    found = {ep.name: ep for ep in entry_points(group="ultimat3.jobs.drivers")}
+    if scheme not in found:
+        known = ", ".join(sorted(found)) or "none installed"
+        raise DriverUnavailableError(
+            f"no installed driver handles {scheme!r} URLs (known: {known}); "
+            "pip install 'ultimat3-jobs[pg]' or 'ultimat3-jobs[redis]'"
+        )
+    factory: Callable[[str], Awaitable[JobDriver]] = found[scheme].load()
+    return await factory(url)
+
+
+def _url(args: argparse.Namespace) -> str:
+    url = (
+        getattr(args, "url", None) or os.environ.get("DATABASE_URL") or os.environ.get("REDIS_URL")
+    )
+    if not url:
+        raise DriverUnavailableError("pass --url, or set DATABASE_URL or REDIS_URL")
+    return str(url)
+
+
+def _emit(args: argparse.Namespace, value: Any, lines: Iterable[str]) -> None:
+    """``value`` as JSON with ``--json``, else the human ``lines``."""
+    if getattr(args, "json", False):
+        json.dump(to_jsonable(value), sys.stdout, indent=2, default=str)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.writelines(f"{line}\n" for line in lines)
+
+
+def _with_driver(run: Callable[[argparse.Namespace, JobDriver], Awaitable[int]]) -> Handler:
+    async def handler(args: argparse.Namespace) -> int:
+        driver = await driver_for_url(_url(args))
+        try:
+            return await run(args, driver)
+        finally:
+            await driver.close()
+
+    return handler
+
+
+# -- jobs -------------------------------------------------------------------------------------
+
+
+async def _jobs_list(args: argparse.Namespace, driver: JobDriver) -> int:
+    page = await introspection_of(driver).list(
+        JobFilter(
+            queue=args.queue,
+            name=args.name,
+            state=JobState(args.state) if args.state else None,
+            tenant_id=args.tenant,
+            id_prefix=args.id_prefix,
+            limit=args.limit,
+            after=args.after,
+            before=args.before,
+        )
+    )
+
+    lines = [
+        f"{row.id}  {row.state.value:<9} {row.queue:<12} {row.name:<24} "
+        f"attempt {row.attempt}/{row.max_attempts}  {row.created_at:%Y-%m-%d %H:%M:%S}"
+        for row in page.rows
+    ]
+    if not page.last:
+        lines.append(f"-- more: --after {job_cursor(page.rows[-1])}")
+    _emit(args, page, lines)
+    return 0
+
+
+async def _jobs_show(args: argparse.Namespace, driver: JobDriver) -> int:
+    found = await inspect_job(driver, args.id)
+
+    row = found.row
+    lines = [
+        f"{row.name} {row.id} [{row.state.value}] queue={row.queue}",
+        f"run {row.run_id}  attempt {row.attempt}/{row.max_attempts}",
+        f"input {json.dumps(row.input)}",
+    ]
+    lines += [
+        f"  step {step.seq:>3} {step.name} ({'done' if step.completed else 'waiting'})"
+        for step in found.steps
+    ]
+    if row.progress is not None:
+        lines.append(f"progress {row.progress.done}/{row.progress.total} {row.progress.note or ''}")
+    if row.last_error:
+        lines.append(f"last error:\n{row.last_error}")
+    _emit(args, found, lines)
+    return 0
+
+
+def _row_command(
+    act: Callable[[argparse.Namespace, JobDriver], Awaitable[Any]],
+) -> Callable[[argparse.Namespace, JobDriver], Awaitable[int]]:
+    async def run(args: argparse.Namespace, driver: JobDriver) -> int:
+        result = await act(args, driver)
+        _emit(args, result, [str(result)])
+        return 0
+
+    return run
+
+
+def _bulk(member: str) -> Callable[[argparse.Namespace, JobDriver], Awaitable[int]]:
+    async def run(args: argparse.Namespace, driver: JobDriver) -> int:
+        introspect = introspection_of(driver)
+        action = getattr(introspect, member)
+        selection = BulkFilter(
+            state=JobState(args.state), queue=args.queue, name=args.name, tenant_id=args.tenant
+        )
+        affected = 0
+        while True:
+            result = await action(selection)
+            affected += result.affected
+            if not args.all or result.remaining == 0 or result.affected == 0:
+                break
+        outcome = {"affected": affected, "remaining": result.remaining}
+        _emit(args, outcome, [f"{affected} moved, {result.remaining} left"])
+        return 0
+
+    return run
+
+
+# -- queues, tasks, workers, counters ---------------------------------------------------------
+
+
+async def _queues(args: argparse.Namespace, driver: JobDriver) -> int:
+    queues = await inspect_queues(driver)
+
+    _emit(
+        args,
+        queues,
+        (
+            f"{q.stats.queue}{' (paused)' if q.paused else ''}: ready {q.stats.ready} "
+            f"delayed {q.stats.delayed} running {q.stats.running} suspended {q.stats.suspended} "
+            f"done {q.stats.done} failed {q.stats.failed} dead {q.stats.dead}"
+            for q in queues
+        ),
+    )
+    return 0
+
+
+def _pause(kind: str, pause: bool) -> Callable[[argparse.Namespace, JobDriver], Awaitable[int]]:
+    async def run(args: argparse.Namespace, driver: JobDriver) -> int:
+        introspect = introspection_of(driver)
+        verb = "pause" if pause else "resume"
+        await getattr(introspect, f"{verb}_{kind}")(args.target)
+        _emit(args, {kind: args.target, "paused": pause}, [f"{verb}d {kind} {args.target}"])
+        return 0
+
+    return run
+
+
+async def _workers(args: argparse.Namespace, driver: JobDriver) -> int:
+    workers = await introspection_of(driver).workers()
+
+    _emit(
+        args,
+        workers,
+        (
+            f"{w.id} on {w.host}: {len(w.in_flight)} in flight, queues {', '.join(w.queues)}, "
+            f"last heartbeat {w.last_heartbeat:%H:%M:%S}"
+            for w in workers
+        ),
+    )
+    return 0
+
+
+async def _task_fires(args: argparse.Namespace, driver: JobDriver) -> int:
+    fires = await introspection_of(driver).task_fires()
+    _emit(args, fires, (f"{f.task}: {f.occurrence_ms} at {f.fired_at}" for f in fires))
+    return 0
+
+
+async def _counters(args: argparse.Namespace, driver: JobDriver) -> int:
+    since = driver.clock.now() - timedelta(seconds=parse_duration(args.since, field="--since"))
+    introspect = introspection_of(driver)
+    result: Any
+    if args.job:
+        result = await introspect.counters(args.job, since=since)
+    else:
+        result = await introspect.counter_totals(since=since)
+    _emit(args, result, (str(item) for item in result))
+    return 0
+
+
+async def _manifest(args: argparse.Namespace) -> int:
+    if args.app:
+        __import__(args.app)
+    manifest = inspect_manifest()
+    _emit(args, manifest, [json.dumps(to_jsonable(manifest), indent=2)])
+    return 0
+
+
+def _by_id(
+    act: Callable[[JobDriver, str], Awaitable[Any]],
+) -> Callable[[argparse.Namespace, JobDriver], Awaitable[Any]]:
+    async def run(args: argparse.Namespace, driver: JobDriver) -> Any:
+        return await act(driver, args.id)
+
+    return run
+
+
+# -- the parser -------------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    # SUPPRESS: an option given before the subcommand must survive the subparser's defaults.
+    common.add_argument(
+        "--url",
+        default=argparse.SUPPRESS,
+        help="the queue's URL (default: DATABASE_URL, then REDIS_URL)",
+    )
+    common.add_argument(
+        "--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output"
+    )
+
+    parser = argparse.ArgumentParser(prog="ujobs", description=__doc__, parents=[common])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    jobs = sub.add_parser("jobs", help="inspect and operate on jobs").add_subparsers(
+        dest="action", required=True
+    )
+    listing = jobs.add_parser("list", parents=[common], help="one page, newest first")
+    for flag in ("--queue", "--name", "--tenant", "--id-prefix", "--after", "--before"):
+        listing.add_argument(flag)
+    listing.add_argument("--state", choices=[s.value for s in JobState])
+    listing.add_argument("--limit", type=int)
+    listing.set_defaults(handler=_with_driver(_jobs_list))
+
+    show = jobs.add_parser("show", parents=[common], help="one job with its step trace")
+    show.add_argument("id")
+    show.set_defaults(handler=_with_driver(_jobs_show))
+
+    retry = jobs.add_parser("retry", parents=[common], help="requeue a finished job")
+    retry.add_argument("id")
+    retry.add_argument("--from-step", help="drop this step and every later one first")
+    retry.set_defaults(
+        handler=_with_driver(_row_command(lambda a, d: retry_job(d, a.id, from_step=a.from_step)))
+    )
+    cancel = jobs.add_parser("cancel", parents=[common], help="stop a live job")
+    cancel.add_argument("id")
+    cancel.add_argument("--reason")
+    cancel.set_defaults(
+        handler=_with_driver(_row_command(lambda a, d: cancel_job(d, a.id, a.reason)))
+    )
+    for verb, act in (("remove", remove_job), ("promote", promote_job)):
+        one = jobs.add_parser(verb, parents=[common], help=f"{verb} one job")
+        one.add_argument("id")
+        one.set_defaults(handler=_with_driver(_row_command(_by_id(act))))
+    for verb, member in (
+        ("retry-many", "requeue_many"),
+        ("remove-many", "remove_many"),
+        ("promote-many", "promote_many"),
+    ):
+        bulk = jobs.add_parser(verb, parents=[common], help=f"{member} (1,000 rows per call)")
+        bulk.add_argument("--state", required=True, choices=[s.value for s in JobState])
+        for flag in ("--queue", "--name", "--tenant"):
+            bulk.add_argument(flag)
+        bulk.add_argument("--all", action="store_true", help="repeat until nothing is left")
+        bulk.set_defaults(handler=_with_driver(_bulk(member)))
+
+    queues = sub.add_parser("queues", parents=[common], help="depth per queue")
+    queues.set_defaults(handler=_with_driver(_queues))
+    queue_actions = queues.add_subparsers(dest="action")
+    tasks = sub.add_parser("tasks", help="pause, resume, last fires").add_subparsers(
+        dest="action", required=True
+    )
+    for group, kind in ((queue_actions, "queue"), (tasks, "task")):
+        for verb in ("pause", "resume"):
+            action = group.add_parser(verb, parents=[common], help=f"{verb} a {kind}")
+            action.add_argument("target")
+            action.set_defaults(handler=_with_driver(_pause(kind, verb == "pause")))
+    tasks.add_parser(
+        "fires", parents=[common], help="last dispatched occurrence per task"
+    ).set_defaults(handler=_with_driver(_task_fires))
+
+    sub.add_parser("workers", parents=[common], help="live workers").set_defaults(
+        handler=_with_driver(_workers)
+    )
+    counters = sub.add_parser("counters", parents=[common], help="per-job history")
+    counters.add_argument("--job")
+    counters.add_argument("--since", default="1h")
+    counters.set_defaults(handler=_with_driver(_counters))
+
+    manifest = sub.add_parser("manifest", parents=[common], help="declared jobs and tasks")
+    manifest.add_argument("--app", help="module to import first (it declares the jobs)")
+    manifest.set_defaults(handler=_manifest)
+
+    for ep in entry_points(group="ultimat3.jobs.commands"):
+        try:
+            register = ep.load()
+        except ImportError as exc:  # a broken plugin must not take the core commands down
+            sys.stderr.write(f"ujobs: skipping the {ep.name!r} commands: {exc}\n")
+            continue
+        register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        handler: Handler = args.handler
+        return asyncio.run(handler(args))
+    except JobsError as error:
+        if getattr(args, "json", False):
+            json.dump(
+                {"code": error.code, "message": error.message, "meta": error.meta}, sys.stdout
+            )
+            sys.stdout.write("\n")
+        else:
+            sys.stderr.write(f"ujobs: {error}\n")
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,110 @@
+"""ujobs over a driver's operator surface, in-process."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from ultimat3.jobs.core import Retry, cli, job
+from ultimat3.jobs.core.memory import MemoryJobDriver
+
+
+@dataclass
+class Report:
+    name: str
+    password: str = "hunter2"
+
+
+@job(
+    input=Report,
+    idempotency_key=lambda i: f"report:{i.name}",
+    tenant="none",
+    retry=Retry(attempts=1),
+)
+async def build_report_for_cli(*, input: Report) -> None:
+    return None
+
+
+@pytest.fixture
+def use_driver(driver: MemoryJobDriver, monkeypatch: pytest.MonkeyPatch) -> MemoryJobDriver:
+    async def memory(url: str) -> MemoryJobDriver:
+        return driver
+
+    monkeypatch.setattr(cli, "driver_for_url", memory)
+    return driver
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, Any]:
+    code = cli.main(["--url", "memory://", *argv])
+    out = capsys.readouterr().out
+    return code, json.loads(out) if "--json" in argv else out
+
+
+async def enqueue(name: str) -> str:
+    return (await build_report_for_cli.enqueue(Report(name))).id
+
+
+def test_jobs_list_json_pages_newest_first(
+    use_driver: MemoryJobDriver, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import asyncio
+
+    ids = [asyncio.run(enqueue(n)) for n in ("a", "b", "c")]
+    code, page = run(capsys, "jobs", "list", "--limit", "2", "--json")
+    assert code == 0
+    assert [row["id"] for row in page["rows"]] == [ids[2], ids[1]]
+
+
+def test_jobs_show_redacts_secrets(
+    use_driver: MemoryJobDriver, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import asyncio
+
+    job_id = asyncio.run(enqueue("d"))
+    code, shown = run(capsys, "jobs", "show", job_id, "--json")
+    assert code == 0
+    assert shown["row"]["input"] == {"name": "d", "password": "[redacted]"}
+
+
+def test_an_unknown_id_answers_its_code(
+    use_driver: MemoryJobDriver, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, answer = run(capsys, "jobs", "show", "nope", "--json")
+    assert (code, answer["code"]) == (1, "X_JOB_NOT_FOUND")
+
+
+def test_cancel_then_retry_and_queue_pause(
+    use_driver: MemoryJobDriver, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import asyncio
+
+    job_id = asyncio.run(enqueue("e"))
+    assert run(capsys, "jobs", "cancel", job_id, "--reason", "runaway", "--json")[0] == 0
+    code, answer = run(capsys, "jobs", "cancel", job_id, "--json")
+    assert (code, answer["code"]) == (1, "X_JOB_NOT_CANCELLABLE")
+    code, row = run(capsys, "jobs", "retry", job_id, "--json")
+    assert (code, row["state"]) == (0, "ready")
+    assert run(capsys, "queues", "pause", "default", "--json")[0] == 0
+    code, queues = run(capsys, "queues", "--json")
+    assert queues[0]["paused"] is True
+
+
+def test_bulk_retry_moves_every_finished_row(
+    use_driver: MemoryJobDriver, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import asyncio
+
+    for name in ("f", "g"):
+        asyncio.run(use_driver.introspect.cancel(asyncio.run(enqueue(name))))
+    code, result = run(capsys, "jobs", "retry-many", "--state", "cancelled", "--all", "--json")
+    assert (code, result) == (0, {"affected": 2, "remaining": 0})
+
+
+def test_a_url_no_installed_driver_handles_is_x_driver_unavailable(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert cli.main(["--url", "nosuch://x", "queues"]) == 1
+    assert "X_DRIVER_UNAVAILABLE" in capsys.readouterr().err
