@@ -1,0 +1,187 @@
+"""Process shutdown in two phases, and how a role's loop waits.
+
+A SIGTERM drains every role of the process the same way, in two phases:
+
+- **accept** — every role stops taking work, at once (a worker also aborts the ``ctx.signal`` of
+  each job it holds with ``X_DRAINING``). All accept hooks run before any close hook, so no role's
+  "stop taking work" waits behind another role's in-flight wait.
+- **close** — every role waits out the work it holds, bounded by a deadline (the lifecycle's,
+  ``DRAIN_DEADLINE_S`` unless ``configure_lifecycle(deadline=…)`` says otherwise; a worker's own
+  ``drain_deadline``). Past it the role logs that it abandoned the rest and stops anyway.
+
+The worker, the scheduler and the outbox relay register one pair of hooks each at ``start()``.
+``install_shutdown_signals()`` turns SIGTERM/SIGINT into ``shutdown()``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from .clock import Clock
+from .constants import DRAIN_DEADLINE_S
+from .errors import InvariantError
+from .logs import log_event
+
+__all__ = [
+    "LateDeadline",
+    "ShutdownHooks",
+    "Wakeup",
+    "configure_lifecycle",
+    "install_shutdown_signals",
+    "lifecycle_deadline",
+    "on_shutdown",
+    "shutdown",
+]
+
+AcceptHook = Callable[[str], None]
+"""Stop taking work; called with the reason (the signal's name). Must not block."""
+CloseHook = Callable[[float | None], Awaitable[None]]
+"""Wait out the work in hand; called with a budget in seconds, or None for the role's own."""
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ShutdownHooks:
+    accept: AcceptHook
+    close: CloseHook
+
+
+_hooks: list[ShutdownHooks] = []
+_deadline = DRAIN_DEADLINE_S
+
+
+def configure_lifecycle(*, deadline: float) -> None:
+    """Set the close-phase budget of every role that was not given its own. Raise it past your
+    slowest job rather than relying on the wait, with a termination grace period at least as
+    long."""
+    if not deadline > 0:
+        raise InvariantError(f"the lifecycle deadline must be positive seconds, got {deadline!r}")
+    global _deadline
+    _deadline = float(deadline)
+
+
+def lifecycle_deadline() -> float:
+    return _deadline
+
+
+def on_shutdown(accept: AcceptHook, close: CloseHook) -> Callable[[], None]:
+    """Register a role's two hooks; answers the function that unregisters them."""
+    hooks = ShutdownHooks(accept, close)
+    _hooks.append(hooks)
+
+    def remove() -> None:
+        if hooks in _hooks:
+            _hooks.remove(hooks)
+
+    return remove
+
+
+async def shutdown(reason: str = "shutdown", *, deadline: float | None = None) -> None:
+    """Drain every registered role: every accept hook, then every close hook together."""
+    hooks = list(_hooks)
+    log_event(logging.INFO, "jobs.lifecycle.shutdown", reason=reason, roles=len(hooks))
+    for hooks_of_role in hooks:
+        hooks_of_role.accept(reason)
+    await asyncio.gather(*(h.close(deadline) for h in hooks), return_exceptions=True)
+
+
+def install_shutdown_signals() -> Callable[[], None]:
+    """Make SIGTERM and SIGINT call ``shutdown()`` on the running loop; answers the remover.
+
+    A second signal while a shutdown runs is ignored: the drain already under way is the answer.
+    """
+    loop = asyncio.get_running_loop()
+    running: list[asyncio.Task[None]] = []
+
+    def begin(name: str) -> None:
+        if not running:
+            running.append(loop.create_task(shutdown(name)))
+
+    installed: list[signal.Signals] = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(sig, begin, sig.name)
+        except (NotImplementedError, RuntimeError):  # pragma: no cover - non-main thread, Windows
+            continue
+        installed.append(sig)
+
+    def remove() -> None:
+        for sig in installed:
+            loop.remove_signal_handler(sig)
+
+    return remove
+
+
+class Wakeup:
+    """A loop's doorbell: ``ring()`` asks for a pass now; ``wait()`` parks until rung or until
+    ``seconds`` of the clock pass. Rings while the loop is busy fold into ONE early return, so a
+    burst of rings asks for one more pass, never a second loop."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+
+    def ring(self) -> None:
+        self._event.set()
+
+    async def wait(self, clock: Clock, seconds: float | None) -> bool:
+        """True when rung, False when the time ran out."""
+        event = self._event
+        if not event.is_set() and (seconds is None or seconds > 0):
+            waits: set[asyncio.Future[Any]] = {asyncio.ensure_future(event.wait())}
+            if seconds is not None:
+                waits.add(asyncio.ensure_future(clock.sleep(seconds)))
+            try:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for pending in waits:
+                    pending.cancel()
+        was_rung = event.is_set()
+        event.clear()
+        return was_rung
+
+
+class LateDeadline:
+    """A deadline that can be bound after the wait it bounds has begun; the earliest wins.
+
+    A manual ``stop()`` waits without one; a shutdown landing on it binds the drain's deadline to
+    the wait already in flight.
+    """
+
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+        self._at: datetime | None = None
+        self._moved = Wakeup()
+
+    @property
+    def at(self) -> datetime | None:
+        return self._at
+
+    def bind(self, at: datetime) -> None:
+        if self._at is None or at < self._at:
+            self._at = at
+            self._moved.ring()
+
+    def bind_in(self, seconds: float) -> None:
+        self.bind(self._clock.now() + timedelta(seconds=seconds))
+
+    async def wait_for(self, work: Awaitable[object]) -> bool:
+        """Wait for ``work`` until the deadline; True when it finished in time. ``work`` is left
+        running when the deadline passes (nothing can kill a body that ignores its signal)."""
+        done = asyncio.ensure_future(work)
+        while not done.done():
+            remaining = None
+            if self._at is not None:
+                remaining = (self._at - self._clock.now()).total_seconds()
+                if remaining <= 0:
+                    return False
+            moved = asyncio.ensure_future(self._moved.wait(self._clock, remaining))
+            try:
+                await asyncio.wait({done, moved}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                moved.cancel()
+        return True

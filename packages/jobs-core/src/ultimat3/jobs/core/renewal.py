@@ -1,0 +1,166 @@
+"""Keeping leases alive: ONE timer loop per worker renews every lease, slot and registry row due.
+
+A job's visibility lease, its fleet concurrency slot and the worker's registry row each need a
+renewal every ``interval``; a timer per job would cost a task per job for the many jobs that finish
+long before their first renewal. Instead every renewal is an entry in one heap, and one loop wakes
+at the earliest due entry and renews what is due.
+
+What a renewal answers decides the signal, and none is given for an entry already cancelled — the
+job finished and its ack moved the row, so the renewal that was on the wire comes back refused and
+means nothing:
+
+=======================================  =============================================
+a renewal raised, the window has room      ``on_failed(error)`` — a warning
+a renewal answered False                 ``on_refused()`` — the thing is gone, at once
+a whole window with none landing           ``on_lapsed()`` — presumed gone
+=======================================  =============================================
+
+The window is measured from the send time of the last renewal that landed, on this process's clock,
+so a renewal that hangs is caught exactly like one that fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+from collections.abc import Awaitable, Callable
+from datetime import datetime, timedelta
+
+from .clock import Clock
+from .lifecycle import Wakeup
+
+__all__ = ["Renewal", "RenewalLoop"]
+
+
+class Renewal:
+    """One thing kept alive by a ``RenewalLoop``; ``RenewalLoop.drop()`` it when it is done."""
+
+    __slots__ = (
+        "active",
+        "in_flight",
+        "landed_at",
+        "on_failed",
+        "on_lapsed",
+        "on_refused",
+        "renew",
+    )
+
+    def __init__(
+        self,
+        renew: Callable[[], Awaitable[bool]],
+        *,
+        landed_at: datetime,
+        on_refused: Callable[[], None],
+        on_lapsed: Callable[[], None],
+        on_failed: Callable[[BaseException], None],
+    ) -> None:
+        self.renew = renew
+        self.landed_at = landed_at
+        self.on_refused = on_refused
+        self.on_lapsed = on_lapsed
+        self.on_failed = on_failed
+        self.active = True
+        self.in_flight = False
+
+
+class RenewalLoop:
+    """Renews each entry every ``interval`` and gives it up ``window`` after the last landing."""
+
+    def __init__(self, clock: Clock, *, interval: float, window: float) -> None:
+        self._clock = clock
+        self._interval = timedelta(seconds=interval)
+        self._window = timedelta(seconds=window)
+        self._heap: list[tuple[datetime, int, Renewal]] = []
+        self._seq = itertools.count()
+        self._cancelled = 0
+        self._wakeup = Wakeup()
+        self._task: asyncio.Task[None] | None = None
+        self._renewing: set[asyncio.Task[None]] = set()
+
+    def add(
+        self,
+        renew: Callable[[], Awaitable[bool]],
+        *,
+        on_refused: Callable[[], None],
+        on_lapsed: Callable[[], None],
+        on_failed: Callable[[BaseException], None],
+    ) -> Renewal:
+        """Start renewing; the first renewal is due one interval from now."""
+        now = self._clock.now()
+        entry = Renewal(
+            renew, landed_at=now, on_refused=on_refused, on_lapsed=on_lapsed, on_failed=on_failed
+        )
+        due = now + self._interval
+        if not self._heap or due < self._heap[0][0]:
+            self._wakeup.ring()
+        heapq.heappush(self._heap, (due, next(self._seq), entry))
+        return entry
+
+    def drop(self, entry: Renewal) -> None:
+        """Cancel ``entry``; its slot in the heap is reclaimed lazily."""
+        if entry.active:
+            entry.active = False
+            self._cancelled += 1
+            if self._cancelled > 1024 and self._cancelled * 2 > len(self._heap):
+                self._heap = [item for item in self._heap if item[2].active]
+                heapq.heapify(self._heap)
+                self._cancelled = 0
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        """Stop renewing everything. Renewals already on the wire are left to land (or not)."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        for _, _, entry in self._heap:
+            entry.active = False
+        self._heap.clear()
+
+    async def _run(self) -> None:
+        while True:
+            now = self._clock.now()
+            while self._heap and self._heap[0][0] <= now:
+                _, _, entry = heapq.heappop(self._heap)
+                if entry.active:
+                    self._visit(entry, now)
+                else:
+                    self._cancelled = max(0, self._cancelled - 1)
+            wait = (self._heap[0][0] - now).total_seconds() if self._heap else None
+            await self._wakeup.wait(self._clock, wait)
+
+    def _visit(self, entry: Renewal, now: datetime) -> None:
+        lapses_at = entry.landed_at + self._window
+        if now >= lapses_at:
+            entry.active = False
+            entry.on_lapsed()
+            return
+        if not entry.in_flight:
+            entry.in_flight = True
+            task = asyncio.get_running_loop().create_task(self._renew(entry))
+            self._renewing.add(task)
+            task.add_done_callback(self._renewing.discard)
+        due = min(now + self._interval, entry.landed_at + self._window)
+        heapq.heappush(self._heap, (due, next(self._seq), entry))
+
+    async def _renew(self, entry: Renewal) -> None:
+        sent_at = self._clock.now()
+        try:
+            landed = await entry.renew()
+        except Exception as exc:
+            if entry.active:
+                entry.on_failed(exc)
+            return
+        finally:
+            entry.in_flight = False
+        if not entry.active:
+            return
+        if landed:
+            entry.landed_at = max(entry.landed_at, sent_at)
+        else:
+            entry.active = False
+            entry.on_refused()

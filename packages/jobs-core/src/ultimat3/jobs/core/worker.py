@@ -1,0 +1,858 @@
+"""The worker role: claim rows, run them, keep their leases, drain on SIGTERM.
+
+One loop claims for every queue at once: a pass is ONE ``driver.claim`` over every queue with a free
+slot, and a slot coming free asks for a pass at once, so a busy worker refills as fast as its jobs
+finish and a full one asks the queue for nothing. Idle, the loop backs off from ``poll_interval``
+(250 ms) doubling to the idle ceiling — 2 s, or 5 s while a cross-process ``wake`` is proven live —
+and anything that rings it (an in-process ``signal_enqueued``, a ``QueueWake`` notification, a slot
+freeing, a row it handed back falling due) brings a pass now and the floor again. Rings during a
+pass ask for one more pass, never a second loop.
+
+Every lease the worker holds — each job's visibility lease, each fleet concurrency slot, its own
+registry row — is renewed by one ``RenewalLoop`` every ``heartbeat_interval`` (a third of the
+visibility timeout). A renewal that fails is a warning while the window has room; a window with
+none landing is ``jobs.lease.lost`` plus ``job_leases_lost_total``, and the run is aborted with
+``X_JOB_LEASE_LOST`` because the queue may already have handed it to another worker.
+
+Stopping, two ways:
+
+- ``drain()`` (SIGTERM, SIGINT, ``run()``): *accept* stops claiming and aborts every held job's
+  ``ctx.signal`` with ``X_DRAINING`` — a body that unwinds is ``interrupted``, its row ready again
+  at once with the attempt uncounted; *close* waits for in-flight work up to ``drain_deadline``,
+  and past it logs ``jobs.worker.drain-abandoned``: those rows return when their leases lapse.
+- ``stop()`` aborts nothing and waits as long as the work takes (a shutdown landing meanwhile binds
+  its deadline to that wait).
+
+The worker never closes the driver it was handed: the caller owns it, and other roles of the
+process may still be using it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import inspect
+import itertools
+import logging
+import os
+import socket
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from types import TracebackType
+from typing import Any, Literal
+
+from .clock import Clock
+from .concurrency import FleetSlots, SlotDecision, require_lease_store
+from .constants import (
+    DEFAULT_QUEUE,
+    DEFAULT_VISIBILITY_TIMEOUT_S,
+    DRAIN_DEADLINE_S,
+    IDLE_POLL_CEILING_S,
+    JOBS_CONCURRENCY_DEFAULT,
+    MAX_WORKER_IN_FLIGHT,
+    POLL_INTERVAL_S,
+    RESUME_TIMER_WINDOW_S,
+    WOKEN_IDLE_POLL_CEILING_S,
+)
+from .context import JobOutcome
+from .durations import Duration, parse_duration
+from .errors import (
+    ClaimQueuesEmptyError,
+    InvariantError,
+    JobDrainedError,
+    JobKeyBusyError,
+    JobSlotLostError,
+    LeaseLostError,
+)
+from .execute import JobExecution, announce_exhausted, execute_job, refuse_job
+from .ids import new_id
+from .job import AnyJobHandle
+from .lifecycle import LateDeadline, Wakeup, install_shutdown_signals, on_shutdown
+from .limits import LimitConfig, ProcessLimits
+from .logs import log_event
+from .metrics import JobMetrics, job_metrics
+from .model import ClaimedJob, ExhaustedJob, JobState, NackOptions, WorkerInfo
+from .protocol import EventBus, JobDriver, QueueWake
+from .registry import job_named, registered_jobs
+from .renewal import Renewal, RenewalLoop
+from .signal import AbortController
+from .wake import on_enqueued
+
+__all__ = ["JobWorker", "WorkerStats", "job_worker"]
+
+
+@dataclass
+class WorkerStats:
+    """How the attempts this worker ran ended. ``handed_back``: runs returned to the queue before
+    their body started (a limit or a busy key under ``when_busy='wait'``), no attempt burned.
+    ``lease_lost``: runs whose settle could not land because the claim no longer held the row."""
+
+    completed: int = 0
+    retried: int = 0
+    dead: int = 0
+    dropped: int = 0
+    refused: int = 0
+    interrupted: int = 0
+    suspended: int = 0
+    lease_lost: int = 0
+    handed_back: int = 0
+
+    def count(self, outcome: JobOutcome) -> None:
+        field = _STAT_OF_OUTCOME[outcome]
+        setattr(self, field, getattr(self, field) + 1)
+
+
+_STAT_OF_OUTCOME: dict[str, str] = {
+    "completed": "completed",
+    "retried": "retried",
+    "dead-lettered": "dead",
+    "dropped": "dropped",
+    "refused": "refused",
+    "interrupted": "interrupted",
+    "suspended": "suspended",
+    "lease-lost": "lease_lost",
+}
+
+
+class _Run:
+    """One claimed row while this worker holds it."""
+
+    __slots__ = (
+        "cancelled",
+        "claimed",
+        "controller",
+        "handle",
+        "held",
+        "lease",
+        "placed",
+        "refused",
+        "slot",
+        "task",
+    )
+
+    def __init__(self, claimed: ClaimedJob, handle: AnyJobHandle | None) -> None:
+        self.claimed = claimed
+        self.handle = handle
+        self.controller = AbortController()
+        self.lease: Renewal | None = None
+        self.slot: Renewal | None = None
+        self.task: asyncio.Task[None] | None = None
+        self.held: SlotDecision | None = None
+        """The fleet slot this run holds."""
+        self.placed = False
+        """Whether it holds a place under the process limits."""
+        self.refused = False
+        self.cancelled = False
+
+
+class JobWorker:
+    """Runs the jobs of some queues. Build it with ``job_worker()``."""
+
+    def __init__(
+        self,
+        *,
+        driver: JobDriver,
+        context: Callable[[], Any],
+        queues: Sequence[str] | None,
+        concurrency: int | Mapping[str, int] | None,
+        jobs: Sequence[AnyJobHandle] | None,
+        visibility_timeout: Duration,
+        heartbeat_interval: Duration | None,
+        poll_interval: Duration,
+        idle_poll_max: Duration | None,
+        wake: QueueWake | None,
+        limits: LimitConfig | ProcessLimits | None,
+        clock: Clock | None,
+        worker_id: str | None,
+        drain_deadline: Duration,
+        events: EventBus | None,
+        metrics: JobMetrics | None,
+    ) -> None:
+        self._driver = driver
+        self._context = context
+        self._clock = clock or driver.clock
+        self._vis = _positive(visibility_timeout, "visibility_timeout")
+        beat = (
+            self._vis / 3
+            if heartbeat_interval is None
+            else _positive(heartbeat_interval, "heartbeat_interval")
+        )
+        if beat >= self._vis:
+            raise InvariantError(
+                f"heartbeat_interval ({beat}s) must be shorter than the visibility timeout "
+                f"({self._vis}s), or every lease lapses before its renewal"
+            )
+        self._beat = beat
+        self._poll = _positive(poll_interval, "poll_interval")
+        self._idle_max = (
+            None if idle_poll_max is None else _positive(idle_poll_max, "idle_poll_max")
+        )
+        self._drain_deadline = _positive(drain_deadline, "drain_deadline")
+        self._wake = wake
+        self._events = events
+        self._metrics = metrics or job_metrics()
+        self.id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{new_id()[-8:]}"
+        self.stats = WorkerStats()
+
+        self._routes = {handle.name: handle for handle in jobs or ()}
+        self._queues = _queues_of(queues, concurrency, jobs)
+        self._slots = _slots_table(self._queues, concurrency)
+        if isinstance(limits, LimitConfig):
+            limits = ProcessLimits(limits, self._clock)
+        self._limits = limits
+        self._fleet = FleetSlots(driver.leases, ttl=self._vis)
+        self._drop_exhausted: frozenset[str] = frozenset()
+
+        self._state: Literal["new", "running", "stopping", "stopped"] = "new"
+        self._accepting = False
+        self._runs: dict[str, _Run] = {}
+        """By claim token: the same row re-claimed by this worker is a second run."""
+        self._busy = dict.fromkeys(self._slots, 0)
+        self._background: set[asyncio.Task[Any]] = set()
+        self._reminders: list[datetime] = []
+        self._sleep_until: datetime | None = None
+        """When the claim loop's current wait ends; None while it waits for a ring only."""
+        self._wakeup = Wakeup()
+        self._renewals = RenewalLoop(self._clock, interval=self._beat, window=self._vis)
+        self._deadline = LateDeadline(self._clock)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._claiming: asyncio.Task[None] | None = None
+        self._winding: asyncio.Task[None] | None = None
+        self._stopped = asyncio.Event()
+        self._started_at: datetime | None = None
+        self._unsubscribe: list[Callable[[], None]] = []
+
+    def __repr__(self) -> str:
+        return f"<JobWorker {self.id} {self._state} queues={list(self._slots)}>"
+
+    @property
+    def queues(self) -> dict[str, int]:
+        """The queues this worker serves and its slots in each."""
+        return dict(self._slots)
+
+    @property
+    def in_flight(self) -> list[str]:
+        """Ids of the jobs this worker holds now."""
+        return [run.claimed.id for run in self._runs.values()]
+
+    # -- the surface ------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Begin claiming. ``X_JOB_CONCURRENCY_UNENFORCEABLE`` when a served job declares
+        ``concurrency`` and the driver has no lease store."""
+        if self._state != "new":
+            raise InvariantError(f"worker {self.id} was already started; build a new one")
+        served = self._served()
+        require_lease_store(served, self._driver.leases)
+        self._drop_exhausted = frozenset(h.name for h in served if not h.retry.dead_letter)
+        named = {handle.queue for handle in served}
+        for queue in self._slots:
+            if queue not in named:
+                log_event(logging.WARNING, "jobs.worker.queue-unregistered", queue=queue)
+        self._loop = asyncio.get_running_loop()
+        self._state, self._accepting = "running", True
+        self._started_at = self._clock.now()
+        self._unsubscribe.append(on_enqueued(self._on_enqueued))
+        if self._wake is not None:
+            self._unsubscribe.append(self._wake.subscribe(self._on_enqueued))
+        self._unsubscribe.append(on_shutdown(self._accept, self._close))
+        self._renewals.start()
+        await self._register()
+        self._claiming = self._loop.create_task(self._claim_loop())
+        log_event(logging.INFO, "jobs.worker.started", worker=self.id, slots=self._slots)
+
+    async def stop(self) -> None:
+        """Stop claiming and wait for the jobs in hand to finish; aborts nothing."""
+        if self._state == "new":
+            self._state = "stopped"
+            self._stopped.set()
+            return
+        self._stop_claiming()
+        await self._wind_down()
+
+    async def drain(self, reason: str = "drain") -> None:
+        """The SIGTERM path for this worker alone: accept, then close."""
+        self._accept(reason)
+        await self._close(None)
+
+    async def run(self) -> None:
+        """Start, drain on SIGTERM/SIGINT (every role of the process), return once stopped."""
+        await self.start()
+        remove = install_shutdown_signals()
+        try:
+            await self._stopped.wait()
+        finally:
+            remove()
+
+    async def __aenter__(self) -> JobWorker:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    # -- shutdown ----------------------------------------------------------------------------
+
+    def _stop_claiming(self) -> None:
+        if self._state == "running":
+            self._state = "stopping"
+        self._accepting = False
+        self._wakeup.ring()
+
+    def _accept(self, reason: str) -> None:
+        if self._state not in ("running", "stopping"):
+            return
+        self._stop_claiming()
+        log_event(
+            logging.INFO,
+            "jobs.worker.draining",
+            worker=self.id,
+            signal=reason,
+            held=len(self._runs),
+        )
+        for run in list(self._runs.values()):
+            run.controller.abort(self._drained(reason))
+
+    def _drained(self, reason: str) -> JobDrainedError:
+        return JobDrainedError(
+            f"worker {self.id} is draining ({reason}); the job goes back to the queue with this "
+            "attempt uncounted",
+            meta={"worker": self.id, "signal": reason},
+        )
+
+    async def _close(self, budget: float | None) -> None:
+        if self._state in ("new", "stopped"):
+            return
+        self._deadline.bind_in(self._drain_deadline if budget is None else budget)
+        await self._wind_down()
+
+    async def _wind_down(self) -> None:
+        if self._winding is None:
+            self._winding = asyncio.get_running_loop().create_task(self._finish())
+        await asyncio.shield(self._winding)
+
+    async def _finish(self) -> None:
+        if not await self._deadline.wait_for(self._quiesce()):
+            log_event(
+                logging.ERROR,
+                "jobs.worker.drain-abandoned",
+                worker=self.id,
+                jobs=self.in_flight,
+                fix="these rows return when their leases lapse, as a counted attempt; raise "
+                "drain_deadline past your slowest job, or make its body honour ctx.signal",
+            )
+        await self._renewals.stop()
+        for unsubscribe in self._unsubscribe:
+            unsubscribe()
+        self._unsubscribe.clear()
+        introspect = self._driver.introspect
+        if introspect is not None:
+            try:
+                await introspect.remove_worker(self.id)
+            except Exception as exc:
+                log_event(logging.WARNING, "jobs.worker.registry-failed", error=repr(exc))
+        self._state = "stopped"
+        self._stopped.set()
+        log_event(logging.INFO, "jobs.worker.stopped", worker=self.id, stats=self.stats)
+
+    async def _quiesce(self) -> None:
+        if self._claiming is not None:
+            await asyncio.gather(self._claiming, return_exceptions=True)
+        while self._runs or self._background:
+            tasks = [run.task for run in self._runs.values() if run.task is not None]
+            await asyncio.gather(*tasks, *self._background, return_exceptions=True)
+
+    # -- claiming ----------------------------------------------------------------------------
+
+    def _served(self) -> list[AnyJobHandle]:
+        handles = dict(self._routes)
+        for handle in registered_jobs():
+            handles.setdefault(handle.name, handle)
+        return [handle for handle in handles.values() if handle.queue in self._slots]
+
+    def _route(self, name: str) -> AnyJobHandle | None:
+        return self._routes.get(name) or job_named(name)
+
+    def _on_enqueued(self, queue: str) -> None:
+        if queue not in self._slots or not self._accepting or self._loop is None:
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is self._loop:
+            self._wakeup.ring()
+        else:
+            self._loop.call_soon_threadsafe(self._wakeup.ring)
+
+    def _idle_ceiling(self) -> float:
+        if self._idle_max is not None:
+            return self._idle_max
+        if self._wake is not None and self._wake.live:
+            return WOKEN_IDLE_POLL_CEILING_S
+        return IDLE_POLL_CEILING_S
+
+    def _free(self) -> dict[str, int]:
+        free = {
+            queue: slots - self._busy[queue]
+            for queue, slots in self._slots.items()
+            if slots > self._busy[queue]
+        }
+        if free and self._limits is not None:
+            free = self._limits.room(free)
+        return free
+
+    async def _claim_loop(self) -> None:
+        idle_wait = self._poll
+        while self._accepting:
+            began = self._clock.now()
+            free = self._free()
+            claimed = 0
+            if free:
+                claimed = await self._claim(free)
+            if claimed:
+                wait: float | None = self._poll
+                idle_wait = self._poll
+            elif free:
+                wait = idle_wait
+                idle_wait = min(idle_wait * 2, max(self._idle_ceiling(), self._poll))
+            else:
+                wait = None  # full: a slot coming free rings
+            if free:
+                wait = self._until_reminder(wait, began)
+            now = self._clock.now()
+            self._sleep_until = None if wait is None else now + timedelta(seconds=wait)
+            if await self._wakeup.wait(self._clock, wait):
+                idle_wait = self._poll
+
+    async def _claim(self, free: dict[str, int]) -> int:
+        try:
+            batch = await self._driver.claim(
+                worker_id=self.id,
+                slots=free,
+                visibility_timeout=self._vis,
+                drop_exhausted=self._drop_exhausted,
+            )
+        except Exception as exc:
+            log_event(logging.WARNING, "jobs.worker.claim-failed", worker=self.id, error=repr(exc))
+            return 0
+        for exhausted in batch.exhausted:
+            self._announce(exhausted)
+        for claimed in batch.jobs:
+            self._launch(claimed)
+        return len(batch.jobs)
+
+    def _until_reminder(self, wait: float | None, began: datetime) -> float | None:
+        """Shorten ``wait`` to the earliest row this worker handed back that falls due after the
+        pass that began at ``began`` (that pass already looked for the earlier ones)."""
+        reminders = self._reminders
+        while reminders and reminders[0] <= began:
+            heapq.heappop(reminders)
+        if not reminders:
+            return wait
+        due = max(0.0, (reminders[0] - self._clock.now()).total_seconds())
+        return due if wait is None else min(wait, due)
+
+    def _remind(self, at: datetime) -> None:
+        """Keep a timer for a row this worker handed back that falls due within a minute."""
+        now = self._clock.now()
+        if not self._accepting or at <= now:
+            return
+        if (at - now).total_seconds() <= RESUME_TIMER_WINDOW_S:
+            heapq.heappush(self._reminders, at)
+            if self._sleep_until is not None and at < self._sleep_until:
+                self._wakeup.ring()
+
+    def _announce(self, exhausted: ExhaustedJob) -> None:
+        dropped = exhausted.state is JobState.FAILED
+        self.stats.count("dropped" if dropped else "dead-lettered")
+        self._metrics.buried(exhausted.queue, dropped=dropped)
+        self._spawn(announce_exhausted(exhausted, handle=self._route(exhausted.name)))
+
+    def _spawn(self, work: Any) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # -- one run -----------------------------------------------------------------------------
+
+    def _launch(self, claimed: ClaimedJob) -> None:
+        run = _Run(claimed, self._route(claimed.name))
+        if not self._accepting:
+            run.controller.abort(self._drained("claimed during the drain"))
+        self._runs[claimed.claim.claim] = run
+        self._busy[claimed.queue] = self._busy.get(claimed.queue, 0) + 1
+        run.lease = self._renewals.add(
+            lambda: self._heartbeat(run),
+            on_refused=lambda: self._lease_refused(run),
+            on_lapsed=lambda: self._lease_lapsed(run),
+            on_failed=lambda error: self._heartbeat_failed(run, error),
+        )
+        run.task = asyncio.get_running_loop().create_task(self._execute(run))
+
+    async def _execute(self, run: _Run) -> None:
+        claimed = run.claimed
+        ran = False
+        try:
+            if run.controller.signal.aborted or await self._admit(run):
+                ran = True
+                await self._attempt(run)
+            else:
+                ran = run.refused
+        except Exception as exc:
+            log_event(
+                logging.ERROR,
+                "jobs.worker.run-failed",
+                worker=self.id,
+                job=claimed.name,
+                job_id=claimed.id,
+                error=repr(exc),
+                fix="the row returns when its lease lapses",
+            )
+        finally:
+            if run.lease is not None:
+                self._renewals.drop(run.lease)
+            if run.slot is not None:
+                self._renewals.drop(run.slot)
+            if run.held is not None:
+                await self._fleet.release(run.held)
+            if run.placed and self._limits is not None:
+                self._limits.release(claimed.queue, claimed.tenant_id)
+            del self._runs[claimed.claim.claim]
+            self._busy[claimed.queue] -= 1
+            if ran:
+                self._wakeup.ring()
+
+    async def _admit(self, run: _Run) -> bool:
+        """Take the run's place under the process limits and its fleet slot. False when it was
+        handed back or refused instead."""
+        claimed = run.claimed
+        if self._limits is not None:
+            back_at = self._limits.hold(claimed.queue, claimed.tenant_id)
+            if back_at is not None:
+                await self._hand_back(run, back_at)
+                return False
+            run.placed = True
+        if run.handle is None or run.handle.concurrency is None:
+            return True
+        decision = await self._fleet.take(run.handle, claimed)
+        if decision.kind == "wait":
+            await self._hand_back(run, self._clock.now())
+            return False
+        if decision.kind == "refuse":
+            run.refused = True
+            await self._refuse(run, decision)
+            return False
+        if decision.kind == "invalid":
+            assert decision.error is not None
+            run.controller.abort(decision.error)
+        elif decision.kind == "held":
+            run.held = decision
+            self._hold_slot(run, decision)
+        return True
+
+    async def _attempt(self, run: _Run) -> None:
+        services = self._services(run)
+        if inspect.isawaitable(services):
+            services = await _awaited_services(run, services)
+        execution = await execute_job(
+            run.claimed,
+            driver=self._driver,
+            handle=run.handle,
+            services=services,
+            signal=run.controller.signal,
+            events=self._events,
+            clock=self._clock,
+        )
+        self._record(run.claimed.queue, execution)
+
+    def _services(self, run: _Run) -> Any:
+        """What ``ctx.services`` holds for this run; a context factory that raises fails the
+        attempt without starting the body."""
+        try:
+            return self._context()
+        except Exception as exc:
+            run.controller.abort(exc)
+            return None
+
+    def _record(self, queue: str, execution: JobExecution) -> None:
+        self.stats.count(execution.outcome)
+        self._metrics.settled(queue, execution.outcome)
+        if execution.resume_at is not None and execution.outcome in ("retried", "suspended"):
+            self._remind(execution.resume_at)
+
+    async def _hand_back(self, run: _Run, at: datetime) -> None:
+        """Return a run to the queue before its body started: ready at ``at``, uncounted."""
+        claimed = run.claimed
+        ref = claimed.claim
+        landed = await self._driver.nack(
+            claimed.id, NackOptions(ref.worker_id, ref.claim, run_at=at, count_attempt=False)
+        )
+        if landed:
+            self.stats.handed_back += 1
+            self._remind(at)
+
+    async def _refuse(self, run: _Run, decision: SlotDecision) -> None:
+        assert run.handle is not None
+        assert isinstance(decision.error, JobKeyBusyError)
+        execution = await refuse_job(
+            run.claimed,
+            driver=self._driver,
+            handle=run.handle,
+            value=decision.value,
+            error=decision.error,
+        )
+        self._record(run.claimed.queue, execution)
+
+    # -- leases ------------------------------------------------------------------------------
+
+    async def _heartbeat(self, run: _Run) -> bool:
+        claimed = run.claimed
+        if await self._driver.heartbeat(claimed.id, claimed.claim, self._vis):
+            return True
+        run.cancelled = await self._was_cancelled(claimed.id)
+        return False
+
+    async def _was_cancelled(self, job_id: str) -> bool:
+        introspect = self._driver.introspect
+        if introspect is None:
+            return False
+        try:
+            detail = await introspect.get(job_id)
+        except Exception:
+            return False
+        return detail is not None and detail.row.state is JobState.CANCELLED
+
+    def _lease_refused(self, run: _Run) -> None:
+        if not run.cancelled:
+            self._lease_lost(run, "the queue no longer matches this claim (it was re-delivered)")
+            return
+        log_event(logging.INFO, "jobs.job.cancelled", job=run.claimed.name, job_id=run.claimed.id)
+        run.controller.abort(
+            LeaseLostError(
+                f"{run.claimed.name}: job {run.claimed.id} was cancelled while this worker ran it",
+                meta={"job": run.claimed.name, "job_id": run.claimed.id, "cancelled": True},
+            )
+        )
+
+    def _lease_lapsed(self, run: _Run) -> None:
+        self._lease_lost(run, f"no renewal landed for a whole window ({self._vis}s)")
+
+    def _lease_lost(self, run: _Run, why: str) -> None:
+        claimed = run.claimed
+        log_event(
+            logging.ERROR,
+            "jobs.lease.lost",
+            worker=self.id,
+            job=claimed.name,
+            job_id=claimed.id,
+            queue=claimed.queue,
+            reason=why,
+        )
+        self._metrics.lease_lost(claimed.queue)
+        run.controller.abort(
+            LeaseLostError(
+                f"{claimed.name}: this worker lost the lease of job {claimed.id} ({why}); the "
+                "queue may already run it elsewhere",
+                meta={"job": claimed.name, "job_id": claimed.id, "worker": self.id},
+            )
+        )
+
+    def _heartbeat_failed(self, run: _Run, error: BaseException) -> None:
+        log_event(
+            logging.WARNING,
+            "jobs.heartbeat.failed",
+            worker=self.id,
+            job=run.claimed.name,
+            job_id=run.claimed.id,
+            error=repr(error),
+        )
+
+    def _hold_slot(self, run: _Run, slot: SlotDecision) -> None:
+        def lost() -> None:
+            log_event(
+                logging.ERROR,
+                "jobs.worker.slot-lost",
+                worker=self.id,
+                job=run.claimed.name,
+                job_id=run.claimed.id,
+                key=slot.key,
+            )
+            run.controller.abort(
+                JobSlotLostError(
+                    f"{run.claimed.name}: the concurrency slot {slot.key!r} of job "
+                    f"{run.claimed.id} was taken by another run",
+                    meta={"job": run.claimed.name, "job_id": run.claimed.id, "key": slot.key},
+                )
+            )
+
+        def failed(error: BaseException) -> None:
+            log_event(
+                logging.WARNING,
+                "jobs.worker.slot-renew-failed",
+                job=run.claimed.name,
+                job_id=run.claimed.id,
+                key=slot.key,
+                error=repr(error),
+            )
+
+        run.slot = self._renewals.add(
+            lambda: self._fleet.renew(slot), on_refused=lost, on_lapsed=lost, on_failed=failed
+        )
+
+    # -- the registry row --------------------------------------------------------------------
+
+    def _info(self) -> WorkerInfo:
+        assert self._started_at is not None
+        return WorkerInfo(
+            id=self.id,
+            host=socket.gethostname(),
+            started_at=self._started_at,
+            queues=list(self._slots),
+            slots=dict(self._slots),
+            in_flight=[
+                run.claimed.id
+                for run in itertools.islice(self._runs.values(), MAX_WORKER_IN_FLIGHT)
+            ],
+            last_heartbeat=self._clock.now(),
+        )
+
+    async def _record_worker(self) -> bool:
+        introspect = self._driver.introspect
+        if introspect is not None:
+            await introspect.record_worker(self._info(), ttl=self._vis)
+        return True
+
+    async def _register(self) -> None:
+        """Write the registry row now and keep it renewed while the worker runs."""
+        try:
+            await self._record_worker()
+        except Exception as exc:
+            self._registry_failed(exc)
+        if self._driver.introspect is not None:
+            self._renewals.add(
+                self._record_worker,
+                on_refused=lambda: None,
+                on_lapsed=self._registry_lapsed,
+                on_failed=self._registry_failed,
+            )
+
+    def _registry_failed(self, error: BaseException) -> None:
+        log_event(logging.WARNING, "jobs.worker.registry-failed", worker=self.id, error=repr(error))
+
+    def _registry_lapsed(self) -> None:
+        if self._state == "running":
+            self._renewals.add(
+                self._record_worker,
+                on_refused=lambda: None,
+                on_lapsed=self._registry_lapsed,
+                on_failed=self._registry_failed,
+            )
+
+
+async def _awaited_services(run: _Run, pending: Awaitable[Any]) -> Any:
+    try:
+        return await pending
+    except Exception as exc:
+        run.controller.abort(exc)
+        return None
+
+
+def _positive(value: Duration, field: str) -> float:
+    seconds = parse_duration(value, field=field)
+    if seconds <= 0:
+        raise InvariantError(f"{field} must be positive, got {value!r}", meta={"field": field})
+    return seconds
+
+
+def _queues_of(
+    queues: Sequence[str] | None,
+    concurrency: int | Mapping[str, int] | None,
+    jobs: Sequence[AnyJobHandle] | None,
+) -> list[str]:
+    """The served queues: as given; else those of the explicit jobs (or of every registered job)
+    and those a concurrency table names; else the default queue."""
+    if queues is not None:
+        if isinstance(queues, str) or not queues:
+            raise ClaimQueuesEmptyError(
+                "queues must be a non-empty list of queue names, e.g. queues=['default']"
+            )
+        return list(dict.fromkeys(queues))
+    handles = jobs if jobs else registered_jobs()
+    named = [handle.queue for handle in handles]
+    if isinstance(concurrency, Mapping):
+        named.extend(concurrency)
+    return list(dict.fromkeys(sorted(named))) or [DEFAULT_QUEUE]
+
+
+def _slots_table(
+    queues: Collection[str], concurrency: int | Mapping[str, int] | None
+) -> dict[str, int]:
+    table: dict[str, int] = {}
+    for queue in queues:
+        if isinstance(concurrency, Mapping):
+            slots = concurrency.get(queue, JOBS_CONCURRENCY_DEFAULT)
+        elif concurrency is None:
+            slots = JOBS_CONCURRENCY_DEFAULT
+        else:
+            slots = concurrency
+        if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
+            raise InvariantError(
+                f"concurrency for queue {queue!r} must be a whole number >= 1, got {slots!r}",
+                meta={"queue": queue},
+            )
+        table[queue] = slots
+    return table
+
+
+def job_worker(
+    *,
+    driver: JobDriver,
+    context: Callable[[], Any],
+    queues: Sequence[str] | None = None,
+    concurrency: int | Mapping[str, int] | None = None,
+    jobs: Sequence[AnyJobHandle] | None = None,
+    visibility_timeout: Duration = DEFAULT_VISIBILITY_TIMEOUT_S,
+    heartbeat_interval: Duration | None = None,
+    poll_interval: Duration = POLL_INTERVAL_S,
+    idle_poll_max: Duration | None = None,
+    wake: QueueWake | None = None,
+    limits: LimitConfig | ProcessLimits | None = None,
+    clock: Clock | None = None,
+    worker_id: str | None = None,
+    drain_deadline: Duration = DRAIN_DEADLINE_S,
+    events: EventBus | None = None,
+    metrics: JobMetrics | None = None,
+) -> JobWorker:
+    """A worker over ``driver``'s queues; ``await worker.run()`` in a worker process.
+
+    ``context()`` builds what each run's ``ctx.services`` holds (it may be async). ``concurrency``
+    is the slots per queue: one number for every queue, or a table (a queue it does not name gets
+    ``JOBS_CONCURRENCY_DEFAULT``). ``jobs`` routes rows by name ahead of the registry. ``limits``
+    caps what this process runs (see ``LimitConfig``). ``wake`` is a driver's cross-process
+    ``QueueWake``; enqueues in this process wake the worker without one.
+    """
+    return JobWorker(
+        driver=driver,
+        context=context,
+        queues=queues,
+        concurrency=concurrency,
+        jobs=jobs,
+        visibility_timeout=visibility_timeout,
+        heartbeat_interval=heartbeat_interval,
+        poll_interval=poll_interval,
+        idle_poll_max=idle_poll_max,
+        wake=wake,
+        limits=limits,
+        clock=clock,
+        worker_id=worker_id,
+        drain_deadline=drain_deadline,
+        events=events,
+        metrics=metrics,
+    )
