@@ -211,36 +211,15 @@ async def execute_job(
         )
         return execution
 
-    ctx = JobContext(
-        signal=run_signal,
-        actor=actor,
-        services=services,
-        job_id=claimed.id,
-        run_id=claimed.run_id,
-        name=handle.name,
-        attempt=claimed.attempt,
-        log=logging.LoggerAdapter(LOGGER, {"job": handle.name, "job_id": claimed.id}),
-    )
-    reporter = _ProgressReporter(driver, claimed, run_signal, clock)
-
-    async def store(record: StepRecord) -> bool:
-        return await driver.save_step(claimed.id, claimed.claim, claimed.run_id, record)
-
-    step = Step(
-        store=store,
-        steps=claimed.steps,
-        signal=run_signal,
-        clock=clock,
-        events=events or event_bus(),
-        step_timeout=handle.step_timeout_s,
-        event_poll=handle.event_poll_s,
-    )
-    ending = await _run_body(
-        handle, claimed, value, step, ctx, reporter, controller, run_signal, clock
-    )
-    execution.trace = step.trace
-    await reporter.flush()
-    execution.progress = reporter.latest
+    attempt = _Attempt(claimed, driver, handle, value, actor, services, run_signal, events, clock)
+    ending = await _run_body(attempt, controller, run_signal)
+    ctx = attempt.context_if_built
+    if attempt.step_if_built is not None:
+        execution.trace = attempt.step_if_built.trace
+    reporter = attempt.reporter_if_built
+    if reporter is not None:
+        await reporter.flush()
+        execution.progress = reporter.latest
     execution.duration_ms = int((time.monotonic() - started) * 1000)
 
     if ending.kind == "completed":
@@ -253,7 +232,7 @@ async def execute_job(
             return _unowned(execution, "ack")
         execution.outcome, execution.settled = "completed", True
         execution.on_settled_error = await _tell(
-            handle, "completed", claimed, value, ctx, result=ending.result
+            handle, "completed", claimed, value, attempt.context, result=ending.result
         )
     elif ending.kind == "suspended":
         assert ending.resume_at is not None
@@ -272,7 +251,7 @@ async def execute_job(
             handle.retry,
             ending.error,
             value,
-            ctx,
+            attempt.context if handle.on_settled is not None else ctx,
             execution,
             clock,
             parsed=value,
@@ -280,40 +259,117 @@ async def execute_job(
     return execution
 
 
+class _Attempt:
+    """What one attempt can hand its body, built only when the body (or its hook) asks:
+    a no-op job that takes no ``step`` pays for no step runner."""
+
+    def __init__(
+        self,
+        claimed: ClaimedJob,
+        driver: JobDriver,
+        handle: AnyJobHandle,
+        value: Any,
+        actor: Actor,
+        services: Any,
+        signal: AbortSignal,
+        events: EventBus | None,
+        clock: Clock,
+    ) -> None:
+        self.claimed, self.driver, self.handle, self.value = claimed, driver, handle, value
+        self.actor, self.services, self.signal = actor, services, signal
+        self.events, self.clock = events, clock
+        self.context_if_built: JobContext[Any] | None = None
+        self.step_if_built: Step | None = None
+        self.reporter_if_built: _ProgressReporter | None = None
+
+    @property
+    def context(self) -> JobContext[Any]:
+        if self.context_if_built is None:
+            claimed = self.claimed
+            self.context_if_built = JobContext(
+                signal=self.signal,
+                actor=self.actor,
+                services=self.services,
+                job_id=claimed.id,
+                run_id=claimed.run_id,
+                name=self.handle.name,
+                attempt=claimed.attempt,
+                log=logging.LoggerAdapter(LOGGER, {"job": self.handle.name, "job_id": claimed.id}),
+            )
+        return self.context_if_built
+
+    @property
+    def step(self) -> Step:
+        if self.step_if_built is None:
+            claimed, driver = self.claimed, self.driver
+
+            async def store(record: StepRecord) -> bool:
+                return await driver.save_step(claimed.id, claimed.claim, claimed.run_id, record)
+
+            self.step_if_built = Step(
+                store=store,
+                steps=claimed.steps,
+                signal=self.signal,
+                clock=self.clock,
+                events=self.events or event_bus(),
+                step_timeout=self.handle.step_timeout_s,
+                event_poll=self.handle.event_poll_s,
+            )
+        return self.step_if_built
+
+    @property
+    def reporter(self) -> _ProgressReporter:
+        if self.reporter_if_built is None:
+            self.reporter_if_built = _ProgressReporter(
+                self.driver, self.claimed, self.signal, self.clock
+            )
+        return self.reporter_if_built
+
+    def argument(self, name: str) -> Any:
+        if name == "input":
+            return self.value
+        if name == "step":
+            return self.step
+        if name == "ctx":
+            return self.context
+        if name == "progress":
+            return self.reporter
+        if name == "attempt":
+            return self.claimed.attempt
+        if name == "final_attempt":
+            return is_final_attempt(self.handle.retry, self.claimed.attempt)
+        if name == "job_id":
+            return self.claimed.id
+        return self.claimed.run_id
+
+
 async def _run_body(
-    handle: AnyJobHandle,
-    claimed: ClaimedJob,
-    value: Any,
-    step: Step,
-    ctx: JobContext[Any],
-    reporter: _ProgressReporter,
-    controller: AbortController,
-    run_signal: AbortSignal,
-    clock: Clock,
+    attempt: _Attempt, controller: AbortController, run_signal: AbortSignal
 ) -> _Ending:
+    """Run the body in this task; an abort cancels this task and is read back off the signal.
+
+    Running inline (no task per body) keeps a no-op job cheap; a cancellation that came from
+    outside (the worker itself dying) is told apart by ``cancelling()`` and re-raised."""
+    handle = attempt.handle
+    names = handle._parameters
     available = {
-        "input": value,
-        "step": step,
-        "ctx": ctx,
-        "progress": reporter,
-        "attempt": claimed.attempt,
-        "final_attempt": is_final_attempt(handle.retry, claimed.attempt),
-        "job_id": claimed.id,
-        "run_id": claimed.run_id,
+        name: attempt.argument(name) for name in (_ALL_PARAMETERS if names is None else names)
     }
-    with use_actor(ctx.actor):
-        body = asyncio.create_task(handle.call_body(available))
+    current = asyncio.current_task()
+    assert current is not None
 
     def cancel_body(_reason: BaseException) -> None:
-        body.cancel()
+        current.cancel()
 
     stop_listening = run_signal.add_listener(cancel_body)
     deadline: asyncio.Task[None] | None = None
     if handle.timeout_s is not None:
-        timeout = handle.timeout_s
+        timeout, clock = handle.timeout_s, attempt.clock
+        deadline_at = clock.now() + timedelta(seconds=timeout)
 
         async def expire() -> None:
-            await clock.sleep(timeout)
+            # Anchored at the attempt's start, not at whenever this task first runs.
+            await clock.sleep((deadline_at - clock.now()).total_seconds())
             controller.abort(
                 JobTimeoutError(
                     f"{handle.name}: the attempt exceeded its timeout of {timeout}s",
@@ -323,26 +379,50 @@ async def _run_body(
 
         deadline = asyncio.create_task(expire())
     try:
-        result = await body
+        with use_actor(attempt.actor):
+            result = await handle.call_body(available)
     except StepSuspension as suspension:
         return _Ending("suspended", resume_at=suspension.resume_at)
     except asyncio.CancelledError:
-        if not run_signal.aborted:
-            body.cancel()
+        if not run_signal.aborted or current.uncancel() > 0:
             raise
         return _aborted_ending(run_signal)
     except Exception as exc:
         if run_signal.aborted:
+            _swallow_our_cancel(current)
             return _aborted_ending(run_signal)
         return _Ending("failed", error=exc)
     finally:
         stop_listening()
         if deadline is not None:
             deadline.cancel()
-    if run_signal.aborted and isinstance(run_signal.reason, JobTimeoutError):
-        log_event(logging.ERROR, "jobs.timeout.abandoned", job=handle.name, job_id=claimed.id)
-        return _Ending("failed", error=run_signal.reason)
+    if run_signal.aborted:
+        _swallow_our_cancel(current)
+        if isinstance(run_signal.reason, JobTimeoutError):
+            log_event(
+                logging.ERROR, "jobs.timeout.abandoned", job=handle.name, job_id=attempt.claimed.id
+            )
+            return _Ending("failed", error=run_signal.reason)
     return _Ending("completed", result=result)
+
+
+_ALL_PARAMETERS = (
+    "input",
+    "step",
+    "ctx",
+    "progress",
+    "attempt",
+    "final_attempt",
+    "job_id",
+    "run_id",
+)
+
+
+def _swallow_our_cancel(current: asyncio.Task[Any]) -> None:
+    """The body caught the cancel the abort sent and ended anyway: take that cancel back so it
+    does not land on the settle that follows."""
+    if current.cancelling():
+        current.uncancel()
 
 
 def _aborted_ending(run_signal: AbortSignal) -> _Ending:
