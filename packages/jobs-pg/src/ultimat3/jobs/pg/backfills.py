@@ -1,0 +1,72 @@
+"""The backfill ledger on Postgres (``BackfillLedger`` over ``x_backfills``)."""
+
+from __future__ import annotations
+
+from ultimat3.jobs.core.clock import Clock
+from ultimat3.jobs.core.model import BackfillRow, JsonValue
+
+from .executor import PgExecutor
+from .rows import backfill_row, dump_json
+from .sql_backfills import (
+    SQL_BACKFILL_BEGIN,
+    SQL_BACKFILL_CHECKPOINT,
+    SQL_BACKFILL_COMPLETE,
+    SQL_BACKFILL_FAIL,
+    SQL_BACKFILL_LATEST,
+    SQL_BACKFILL_LIST,
+)
+
+__all__ = ["PostgresBackfillLedger"]
+
+
+class PostgresBackfillLedger:
+    """One row per backfill pass; a report, never a resume source (the steps are that)."""
+
+    def __init__(self, executor: PgExecutor, clock: Clock) -> None:
+        self._executor = executor
+        self._clock = clock
+
+    def __repr__(self) -> str:
+        return f"PostgresBackfillLedger({self._executor!r})"
+
+    async def begin(
+        self, *, name: str, run_id: str, checksum: str, app_version: str | None = None
+    ) -> BackfillRow:
+        rows = await self._executor.fetch(
+            SQL_BACKFILL_BEGIN,
+            {
+                "name": name,
+                "run_id": run_id,
+                "checksum": checksum,
+                "app_version": app_version,
+                "now": self._clock.now(),
+            },
+        )
+        return backfill_row(rows[0])
+
+    async def checkpoint(self, run_id: str, *, rows: int, cursor: JsonValue) -> None:
+        await self._executor.fetch(
+            SQL_BACKFILL_CHECKPOINT,
+            {"run_id": run_id, "rows": rows, "cursor": dump_json(cursor)},
+        )
+
+    async def complete(self, run_id: str, *, rows: int, cursor: JsonValue) -> None:
+        await self._executor.fetch(
+            SQL_BACKFILL_COMPLETE,
+            {"run_id": run_id, "rows": rows, "cursor": dump_json(cursor), "now": self._clock.now()},
+        )
+
+    async def fail(self, run_id: str, error: str) -> None:
+        await self._executor.fetch(SQL_BACKFILL_FAIL, {"run_id": run_id, "error": error})
+
+    async def latest(self, name: str) -> BackfillRow | None:
+        rows = await self._executor.fetch(SQL_BACKFILL_LATEST, {"name": name})
+        return backfill_row(rows[0]) if rows else None
+
+    async def list(
+        self, *, name: str | None = None, status: str | None = None, limit: int = 100
+    ) -> list[BackfillRow]:
+        rows = await self._executor.fetch(
+            SQL_BACKFILL_LIST, {"name": name, "status": status, "max_rows": limit}
+        )
+        return [backfill_row(row) for row in rows]

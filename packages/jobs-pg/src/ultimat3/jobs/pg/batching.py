@@ -1,0 +1,109 @@
+"""Concurrent calls folded into one round trip, each caller still getting its own answer.
+
+A worker running a hundred jobs settles a hundred rows at nearly the same moment. One statement
+per settle pays a hundred commits (each a WAL flush, ~0.3 ms on a fast disk); one statement for
+the hundred pays one. ``Coalescer`` does that without a timer: the first call starts a flush at
+once, and every call arriving while a flush is in flight joins the next one. So a lone call costs
+what it always did, and a burst costs one round trip per in-flight flush.
+
+Nothing here knows about Postgres: ``flush`` is any coroutine that takes the items and answers one
+result per item, in order (a fenced UPDATE answering which rows landed, a pipelined Redis script).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Hashable, Sequence
+from typing import Generic, TypeVar
+
+__all__ = ["Coalescer"]
+
+ItemT = TypeVar("ItemT")
+ResultT = TypeVar("ResultT")
+
+
+class Coalescer(Generic[ItemT, ResultT]):
+    """Folds concurrent ``submit()`` calls into batched ``flush()`` calls.
+
+    - at most ``max_batch`` items per flush, and one flush in flight at a time;
+    - ``key(item)``: two items with the same key never share a flush (the second waits for the
+      next one), so a flush never has to decide between two writes to one row;
+    - a flush that raises fails every call in its batch with that error, and no other.
+    """
+
+    def __init__(
+        self,
+        flush: Callable[[Sequence[ItemT]], Awaitable[Sequence[ResultT]]],
+        *,
+        key: Callable[[ItemT], Hashable] | None = None,
+        max_batch: int = 1000,
+    ) -> None:
+        if max_batch < 1:
+            raise ValueError(f"max_batch={max_batch} must be at least 1")
+        self._flush = flush
+        self._key = key
+        self._max_batch = max_batch
+        self._pending: list[tuple[ItemT, asyncio.Future[ResultT]]] = []
+        self._runner: asyncio.Task[None] | None = None
+
+    def __repr__(self) -> str:
+        return f"Coalescer(pending={len(self._pending)}, max_batch={self._max_batch})"
+
+    async def submit(self, item: ItemT) -> ResultT:
+        future: asyncio.Future[ResultT] = asyncio.get_running_loop().create_future()
+        self._pending.append((item, future))
+        if self._runner is None or self._runner.done():
+            self._runner = asyncio.create_task(self._run(), name="ultimat3-jobs-coalescer")
+        return await future
+
+    async def drain(self) -> None:
+        """Wait until every submitted item was flushed (for a clean close)."""
+        while self._runner is not None and not self._runner.done():
+            await asyncio.shield(self._runner)
+
+    async def _run(self) -> None:
+        # Let every call that is already runnable join the first flush.
+        await asyncio.sleep(0)
+        while self._pending:
+            batch = self._take()
+            try:
+                results = await self._flush([item for item, _ in batch])
+            except asyncio.CancelledError:
+                for _, future in [*batch, *self._pending]:
+                    future.cancel()
+                self._pending = []
+                raise
+            except Exception as exc:
+                for _, future in batch:
+                    if not future.done():
+                        future.set_exception(exc)
+                continue
+            if len(results) != len(batch):
+                error = RuntimeError(
+                    f"a flush answered {len(results)} results for {len(batch)} items"
+                )
+                for _, future in batch:
+                    if not future.done():
+                        future.set_exception(error)
+                continue
+            for (_, future), result in zip(batch, results, strict=True):
+                if not future.done():
+                    future.set_result(result)
+
+    def _take(self) -> list[tuple[ItemT, asyncio.Future[ResultT]]]:
+        if self._key is None:
+            head = self._pending[: self._max_batch]
+            del self._pending[: self._max_batch]
+            return head
+        batch: list[tuple[ItemT, asyncio.Future[ResultT]]] = []
+        later: list[tuple[ItemT, asyncio.Future[ResultT]]] = []
+        seen: set[Hashable] = set()
+        for entry in self._pending:
+            key = self._key(entry[0])
+            if len(batch) == self._max_batch or key in seen:
+                later.append(entry)
+            else:
+                seen.add(key)
+                batch.append(entry)
+        self._pending = later
+        return batch

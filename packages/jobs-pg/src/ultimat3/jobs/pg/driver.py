@@ -1,0 +1,366 @@
+"""The Postgres job driver: the core's ``JobDriver`` over psycopg 3 (async) and psycopg-pool.
+
+Each operation is one statement (``sql_*.py`` holds every one verbatim), and each takes ``now``
+from the driver's clock as a parameter — the server's ``now()`` decides nothing, so a frozen clock
+drives this driver exactly as it drives the memory driver.
+
+Settles and lease renewals are batched: concurrent ``ack()`` calls of one process become one
+statement (``Coalescer``), every row in it still fenced on its own claim and every caller told
+whether its own row landed. A worker finishing a hundred jobs at once pays one commit, not a
+hundred.
+"""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Collection, Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from ultimat3.jobs.core.clock import SYSTEM_CLOCK, Clock
+from ultimat3.jobs.core.constants import COUNTER_TIERS, WAKE_DUE_WITHIN_S, WAKE_SLOT_S
+from ultimat3.jobs.core.counters import bucket_start
+from ultimat3.jobs.core.errors import InvariantError
+from ultimat3.jobs.core.ids import new_id
+from ultimat3.jobs.core.model import (
+    AckOptions,
+    ClaimedJob,
+    ClaimRef,
+    Enqueued,
+    EnqueueRequest,
+    ExhaustedJob,
+    NackOptions,
+    QueueStats,
+    StepRecord,
+)
+from ultimat3.jobs.core.nack import nack_counter, nack_state
+from ultimat3.jobs.core.protocol import ClaimBatch, EventBus
+
+from .backfills import PostgresBackfillLedger
+from .batching import Coalescer
+from .executor import PgExecutor, PgTarget, pg_executor
+from .introspect import PostgresIntrospection
+from .leases import PostgresLeaseStore
+from .rows import claimed_job, dump_json, exhausted_job, utc
+from .sql_claim import SQL_CLAIM
+from .sql_enqueue import SQL_ENQUEUE
+from .sql_read import SQL_STATS
+from .sql_settle import SQL_ACK, SQL_HEARTBEAT, SQL_NACK, SQL_SAVE_STEP
+
+__all__ = ["PostgresJobDriver", "postgres_job_driver"]
+
+_MINUTE = COUNTER_TIERS[0][0]
+_ENQUEUE_CHUNK = 5_000
+"""Requests per enqueue statement: large enough that a fan-out is a handful of statements, small
+enough that one statement's arrays stay a few megabytes."""
+_ENQUEUE_RETRIES = 10
+
+_Ack = tuple[str, str, str, int | None]
+_Nack = tuple[str, NackOptions]
+_Heartbeat = tuple[str, str, str, datetime]
+
+
+class PostgresJobDriver:
+    """A ``JobDriver`` on Postgres, with the operator surface, fleet leases and the backfill
+    ledger. Build it with ``postgres_job_driver()``."""
+
+    def __init__(
+        self,
+        target: PgTarget,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+        pool_max: int = 8,
+        settle_batch: int = 1000,
+    ) -> None:
+        self._executor = pg_executor(target, pool_max=pool_max)
+        self._clock = clock
+        self._introspect = PostgresIntrospection(self._executor, clock)
+        self._leases = PostgresLeaseStore(self._executor, clock)
+        self._backfills = PostgresBackfillLedger(self._executor, clock)
+        self._acks: Coalescer[_Ack, bool] = Coalescer(
+            self._flush_acks, key=lambda item: item[0], max_batch=settle_batch
+        )
+        self._nacks: Coalescer[_Nack, bool] = Coalescer(
+            self._flush_nacks, key=lambda item: item[0], max_batch=settle_batch
+        )
+        self._heartbeats: Coalescer[_Heartbeat, bool] = Coalescer(
+            self._flush_heartbeats, key=lambda item: item[0], max_batch=settle_batch
+        )
+
+    # -- the optional parts -----------------------------------------------------------------
+
+    @property
+    def clock(self) -> Clock:
+        return self._clock
+
+    @property
+    def executor(self) -> PgExecutor:
+        """Where this driver's statements run (the Postgres stores of this package take it)."""
+        return self._executor
+
+    @property
+    def introspect(self) -> PostgresIntrospection:
+        return self._introspect
+
+    @property
+    def leases(self) -> PostgresLeaseStore:
+        return self._leases
+
+    @property
+    def backfills(self) -> PostgresBackfillLedger:
+        return self._backfills
+
+    @property
+    def events(self) -> EventBus | None:
+        return None
+
+    def __repr__(self) -> str:
+        return f"PostgresJobDriver({self._executor!r})"
+
+    # -- enqueue ----------------------------------------------------------------------------
+
+    async def enqueue(self, request: EnqueueRequest) -> Enqueued:
+        return (await self.enqueue_many((request,)))[0]
+
+    async def enqueue_many(self, requests: Sequence[EnqueueRequest]) -> builtins.list[Enqueued]:
+        answers: list[Enqueued | None] = [None] * len(requests)
+        for start in range(0, len(requests), _ENQUEUE_CHUNK):
+            chunk = range(start, min(start + _ENQUEUE_CHUNK, len(requests)))
+            for round_ in _rounds(requests, chunk):
+                await self._enqueue_round(requests, round_, answers)
+        return [answer for answer in answers if answer is not None]
+
+    async def _enqueue_round(
+        self,
+        requests: Sequence[EnqueueRequest],
+        positions: Sequence[int],
+        answers: list[Enqueued | None],
+    ) -> None:
+        """One statement for requests that share no id and no live key; a request whose answer
+        committed after the statement's snapshot is asked again."""
+        todo = list(positions)
+        for _ in range(_ENQUEUE_RETRIES):
+            batch = [requests[i] for i in todo]
+            now = self._clock.now()
+            rows = await self._executor.fetch(SQL_ENQUEUE, _enqueue_params(batch, now))
+            unanswered = []
+            for ord_, job_id, run_id, deduped, _announced in rows:
+                position = todo[ord_ - 1]
+                if job_id is None:
+                    unanswered.append(position)
+                else:
+                    answers[position] = Enqueued(job_id, run_id, deduped=deduped)
+            if not unanswered:
+                return
+            todo = unanswered
+        raise InvariantError(
+            f"enqueue of {len(todo)} job(s) kept colliding with rows committed concurrently; "
+            "retry the enqueue"
+        )
+
+    # -- claim ------------------------------------------------------------------------------
+
+    async def claim(
+        self,
+        *,
+        worker_id: str,
+        slots: Mapping[str, int],
+        visibility_timeout: float,
+        drop_exhausted: Collection[str] = (),
+    ) -> ClaimBatch:
+        wanted = {queue: free for queue, free in slots.items() if free > 0}
+        if not wanted:
+            return ClaimBatch()
+        now = self._clock.now()
+        lease_until = now + timedelta(seconds=visibility_timeout)
+        claim = new_id()
+        rows = await self._executor.fetch(
+            SQL_CLAIM,
+            {
+                "queues": list(wanted),
+                "limits": list(wanted.values()),
+                "now": now,
+                "lease_until": lease_until,
+                "worker_id": worker_id,
+                "claim": claim,
+                "drop": list(drop_exhausted),
+                "bucket": bucket_start(now, _MINUTE),
+            },
+        )
+        if not rows:
+            return ClaimBatch()
+        order = {queue: index for index, queue in enumerate(wanted)}
+        rows.sort(key=lambda row: (order[row[4]], utc(row[10]), row[1]))
+        jobs: list[ClaimedJob] = []
+        exhausted: list[ExhaustedJob] = []
+        for row in rows:
+            if row[0] == "running":
+                jobs.append(
+                    claimed_job(row, worker_id=worker_id, claim=claim, lease_until=lease_until)
+                )
+            else:
+                exhausted.append(exhausted_job(row))
+        return ClaimBatch(jobs=jobs, exhausted=exhausted)
+
+    # -- settles: batched per process, fenced per row ---------------------------------------
+
+    async def ack(self, job_id: str, options: AckOptions) -> bool:
+        return await self._acks.submit(
+            (job_id, options.worker_id, options.claim, options.duration_ms)
+        )
+
+    async def _flush_acks(self, items: Sequence[_Ack]) -> list[bool]:
+        now = self._clock.now()
+        rows = await self._executor.fetch(
+            SQL_ACK,
+            {
+                "ids": [item[0] for item in items],
+                "worker_ids": [item[1] for item in items],
+                "claims": [item[2] for item in items],
+                "durations": [item[3] for item in items],
+                "now": now,
+                "bucket": bucket_start(now, _MINUTE),
+            },
+        )
+        landed = {row[0] for row in rows}
+        return [item[0] in landed for item in items]
+
+    async def nack(self, job_id: str, options: NackOptions) -> bool:
+        return await self._nacks.submit((job_id, options))
+
+    async def _flush_nacks(self, items: Sequence[_Nack]) -> list[bool]:
+        now = self._clock.now()
+        rows = await self._executor.fetch(
+            SQL_NACK,
+            {
+                "ids": [job_id for job_id, _ in items],
+                "worker_ids": [options.worker_id for _, options in items],
+                "claims": [options.claim for _, options in items],
+                "states": [nack_state(options).value for _, options in items],
+                "errors": [options.error for _, options in items],
+                "run_ats": [options.run_at for _, options in items],
+                "count_attempts": [options.count_attempt for _, options in items],
+                "counters": [nack_counter(options) for _, options in items],
+                "durations": [options.duration_ms for _, options in items],
+                "now": now,
+                "bucket": bucket_start(now, _MINUTE),
+            },
+        )
+        landed = {row[0] for row in rows}
+        return [job_id in landed for job_id, _ in items]
+
+    async def heartbeat(self, job_id: str, ref: ClaimRef, visibility_timeout: float) -> bool:
+        lease_until = self._clock.now() + timedelta(seconds=visibility_timeout)
+        return await self._heartbeats.submit((job_id, ref.worker_id, ref.claim, lease_until))
+
+    async def _flush_heartbeats(self, items: Sequence[_Heartbeat]) -> list[bool]:
+        rows = await self._executor.fetch(
+            SQL_HEARTBEAT,
+            {
+                "ids": [item[0] for item in items],
+                "worker_ids": [item[1] for item in items],
+                "claims": [item[2] for item in items],
+                "lease_untils": [item[3] for item in items],
+            },
+        )
+        landed = {row[0] for row in rows}
+        return [item[0] in landed for item in items]
+
+    async def save_step(self, job_id: str, ref: ClaimRef, run_id: str, step: StepRecord) -> bool:
+        rows = await self._executor.fetch(
+            SQL_SAVE_STEP,
+            {
+                "job_id": job_id,
+                "worker_id": ref.worker_id,
+                "claim": ref.claim,
+                "run_id": run_id,
+                "name": step.name,
+                "seq": step.seq,
+                "output": dump_json(step.output),
+                "completed": step.completed,
+                "now": self._clock.now(),
+            },
+        )
+        return bool(rows)
+
+    # -- reading ----------------------------------------------------------------------------
+
+    async def stats(self) -> builtins.list[QueueStats]:
+        rows = await self._executor.fetch(SQL_STATS, {"now": self._clock.now()})
+        counts: dict[str, dict[str, int]] = {}
+        oldest: dict[str, datetime] = {}
+        for queue, state, count, oldest_at in rows:
+            counts.setdefault(queue, {})[state] = count
+            if oldest_at is not None and (queue not in oldest or oldest_at < oldest[queue]):
+                oldest[queue] = utc(oldest_at)
+        return [
+            QueueStats.from_counts(queue, per_state, oldest.get(queue))
+            for queue, per_state in sorted(counts.items())
+        ]
+
+    async def close(self) -> None:
+        """Wait for settles in flight, then close the pool this driver owns (one handed in is
+        left to its owner)."""
+        for coalescer in (self._acks, self._nacks, self._heartbeats):
+            await coalescer.drain()
+        await self._executor.close()
+
+
+def postgres_job_driver(
+    pool_or_url: PgTarget,
+    *,
+    clock: Clock = SYSTEM_CLOCK,
+    pool_max: int = 8,
+    settle_batch: int = 1000,
+) -> PostgresJobDriver:
+    """A job driver on Postgres.
+
+    ``pool_or_url``: a URL (the driver opens its own pool on first use and closes it in
+    ``close()``), a psycopg ``AsyncConnectionPool`` or ``AsyncConnection`` (left open: it is
+    yours), or a ``PgExecutor``. The tables must exist: ``await install(pool_or_url)`` or
+    ``ujobs migrate --database-url URL``.
+
+    ``clock`` decides every time-dependent answer (due rows, lease expiry); ``pool_max`` bounds
+    the pool the driver owns; ``settle_batch`` bounds the rows one batched settle carries.
+    """
+    return PostgresJobDriver(pool_or_url, clock=clock, pool_max=pool_max, settle_batch=settle_batch)
+
+
+def _rounds(requests: Sequence[EnqueueRequest], positions: range) -> list[list[int]]:
+    """The positions split into rounds in which no two requests share an id or a live key, each
+    request in a later round than every earlier request it shares one with — so running the
+    rounds in order answers every request exactly as enqueueing them one by one would."""
+    rounds: list[list[int]] = []
+    last_round: dict[tuple[str, ...], int] = {}
+    for position in positions:
+        request = requests[position]
+        marks = (
+            ("id", request.id),
+            ("key", request.name, request.tenant_id or "", request.idempotency_key),
+        )
+        index = max((last_round.get(mark, -1) for mark in marks), default=-1) + 1
+        for mark in marks:
+            last_round[mark] = index
+        if index == len(rounds):
+            rounds.append([])
+        rounds[index].append(position)
+    return rounds
+
+
+def _enqueue_params(batch: Sequence[EnqueueRequest], now: datetime) -> dict[str, Any]:
+    return {
+        "ids": [r.id for r in batch],
+        "run_ids": [r.run_id for r in batch],
+        "names": [r.name for r in batch],
+        "queues": [r.queue for r in batch],
+        "inputs": [dump_json(r.input) for r in batch],
+        "keys": [r.idempotency_key for r in batch],
+        "tenants": [r.tenant_id for r in batch],
+        "max_attempts": [r.max_attempts for r in batch],
+        "run_ats": [r.run_at for r in batch],
+        "enqueued_bys": [r.enqueued_by for r in batch],
+        "traceparents": [r.traceparent for r in batch],
+        "now": now,
+        "slot": int(now.timestamp() // WAKE_SLOT_S),
+        "due_by": now + timedelta(seconds=WAKE_DUE_WITHIN_S),
+    }

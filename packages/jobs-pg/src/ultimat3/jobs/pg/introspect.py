@@ -1,0 +1,379 @@
+"""The operator surface on Postgres: ``JobIntrospection`` over the driver's tables.
+
+The same answers and the same errors as the memory driver's, one statement per call (the counter
+rollup is the one that reads, folds in Python with the core's ``rollup``, and writes back, in one
+transaction).
+"""
+
+from __future__ import annotations
+
+import builtins
+from datetime import datetime, timedelta
+from typing import Any
+
+import psycopg
+
+from ultimat3.jobs.core.clock import Clock
+from ultimat3.jobs.core.constants import COUNTER_TIERS, MAX_BULK_ROWS, MAX_TASK_FIRES
+from ultimat3.jobs.core.counters import rollup
+from ultimat3.jobs.core.cursor import page_limit, parse_cursor
+from ultimat3.jobs.core.errors import (
+    JobDuplicateError,
+    JobNotFoundError,
+    JobNotPromotableError,
+    JobNotRemovableError,
+    JobNotRequeueableError,
+)
+from ultimat3.jobs.core.model import (
+    PROMOTABLE_STATES,
+    REQUEUEABLE_STATES,
+    BulkFilter,
+    BulkResult,
+    ClaimRef,
+    CounterBucket,
+    CounterTotals,
+    JobDetail,
+    JobFilter,
+    JobPage,
+    JobRow,
+    JobState,
+    Progress,
+    TaskFire,
+    WorkerInfo,
+)
+
+from .executor import PgExecutor
+from .rows import dump_json, job_row, progress_json, step_record, utc
+from .sql_counters import (
+    SQL_COUNTER_TOTALS,
+    SQL_COUNTERS,
+    SQL_COUNTERS_DUE_FOR_ROLLUP,
+    SQL_COUNTERS_FOLD,
+)
+from .sql_operator import (
+    SQL_JOB_CANCEL,
+    SQL_JOB_PROMOTE,
+    SQL_JOB_REMOVE,
+    SQL_JOB_REQUEUE,
+    SQL_PROMOTE_MANY,
+    SQL_REMOVE_MANY,
+    SQL_REQUEUE_MANY,
+)
+from .sql_pauses import (
+    SQL_PAUSE_QUEUE,
+    SQL_PAUSE_TASK,
+    SQL_PAUSED_QUEUES,
+    SQL_PAUSED_TASKS,
+    SQL_RESUME_QUEUE,
+    SQL_RESUME_TASK,
+)
+from .sql_read import SQL_JOB_GET, SQL_JOB_LIST, SQL_JOB_LIST_BEFORE, SQL_JOB_STEPS
+from .sql_settle import SQL_RECORD_PROGRESS
+from .sql_tasks import SQL_RECORD_TASK_FIRE, SQL_TASK_FIRES
+from .sql_workers import SQL_RECORD_WORKER, SQL_REMOVE_WORKER, SQL_WORKERS
+
+__all__ = ["PostgresIntrospection"]
+
+_BULK_RETRIES = 5
+
+
+class PostgresIntrospection:
+    def __init__(self, executor: PgExecutor, clock: Clock) -> None:
+        self._executor = executor
+        self._clock = clock
+
+    def __repr__(self) -> str:
+        return f"PostgresIntrospection({self._executor!r})"
+
+    # -- reading ---------------------------------------------------------------------------
+
+    async def list(self, filter: JobFilter) -> JobPage:
+        limit = page_limit(filter)
+        params: dict[str, Any] = {
+            "queue": filter.queue,
+            "name": filter.name,
+            "state": None if filter.state is None else JobState(filter.state).value,
+            "tenant_id": filter.tenant_id,
+            "id_prefix": filter.id_prefix,
+            "created_from": filter.created_from,
+            "created_to": filter.created_to,
+            "page": limit,
+        }
+        if filter.before is not None:
+            params["before_at"], params["before_id"] = parse_cursor(filter.before, which="before")
+            rows = await self._executor.fetch_dicts(SQL_JOB_LIST_BEFORE, params)
+            rows.reverse()
+        else:
+            params["after_at"], params["after_id"] = (
+                parse_cursor(filter.after, which="after") if filter.after else (None, None)
+            )
+            rows = await self._executor.fetch_dicts(SQL_JOB_LIST, params)
+        return JobPage(rows=[job_row(row) for row in rows], limit=limit)
+
+    async def get(self, job_id: str) -> JobDetail | None:
+        rows = await self._executor.fetch_dicts(SQL_JOB_GET, {"id": job_id})
+        if not rows:
+            return None
+        row = job_row(rows[0])
+        steps = await self._executor.fetch(SQL_JOB_STEPS, {"run_id": row.run_id})
+        return JobDetail(row=row, steps=[step_record(*step) for step in steps])
+
+    # -- one row ---------------------------------------------------------------------------
+
+    async def remove(self, job_id: str) -> bool:
+        rows = await self._executor.fetch(SQL_JOB_REMOVE, {"id": job_id})
+        if not rows:
+            return False
+        if rows[0][0] == JobState.RUNNING:
+            raise JobNotRemovableError(
+                f"job {job_id} is running; cancel it first (`ujobs jobs cancel {job_id}`)",
+                meta={"id": job_id},
+            )
+        return True
+
+    async def requeue(self, job_id: str, *, from_step: str | None = None) -> JobRow:
+        params = {"id": job_id, "from_step": from_step, "now": self._clock.now()}
+        try:
+            rows = await self._executor.fetch_dicts(SQL_JOB_REQUEUE, params)
+        except psycopg.errors.UniqueViolation as exc:
+            raise _key_taken(job_id, None) from exc
+        answer = rows[0]
+        state = answer["found_state"]
+        if state is None:
+            raise JobNotFoundError(
+                f"no job {job_id!r} in the queue; list them with `ujobs jobs list --json`",
+                meta={"id": job_id},
+            )
+        if JobState(state) not in REQUEUEABLE_STATES:
+            raise JobNotRequeueableError(
+                f"job {job_id} is {state}; only a finished job (done, failed, dead, cancelled) "
+                "can be requeued",
+                meta={"id": job_id, "state": state},
+            )
+        if answer["holder_id"] is not None:
+            raise _key_taken(job_id, answer["holder_id"])
+        if answer["id"] is None:
+            raise JobNotFoundError(
+                f"job {job_id} has no step {from_step!r}",
+                meta={"id": job_id, "step": from_step},
+            )
+        return job_row(answer)
+
+    async def cancel(self, job_id: str, reason: str | None = None) -> JobRow | None:
+        error = f"cancelled: {reason}" if reason else "cancelled"
+        rows = await self._executor.fetch_dicts(
+            SQL_JOB_CANCEL, {"id": job_id, "error": error, "now": self._clock.now()}
+        )
+        return job_row(rows[0]) if rows else None
+
+    async def promote(self, job_id: str) -> JobRow:
+        rows = await self._executor.fetch_dicts(
+            SQL_JOB_PROMOTE, {"id": job_id, "now": self._clock.now()}
+        )
+        answer = rows[0]
+        if answer["found_state"] is None:
+            raise JobNotFoundError(
+                f"no job {job_id!r} in the queue; list them with `ujobs jobs list --json`",
+                meta={"id": job_id},
+            )
+        if answer["id"] is None:
+            state = answer["found_state"]
+            raise JobNotPromotableError(
+                f"job {job_id} is not waiting on its run time (state {state})",
+                meta={"id": job_id, "state": state},
+            )
+        return job_row(answer)
+
+    # -- many rows -------------------------------------------------------------------------
+
+    async def requeue_many(self, filter: BulkFilter) -> BulkResult:
+        state = JobState(filter.state)
+        if state not in REQUEUEABLE_STATES:
+            raise JobNotRequeueableError(
+                f"requeue_many moves finished rows; {state.value} is live",
+                meta={"state": state.value},
+            )
+        params = {**_bulk_params(filter), "now": self._clock.now()}
+        for _ in range(_BULK_RETRIES):
+            try:
+                rows = await self._executor.fetch(SQL_REQUEUE_MANY, params)
+            except psycopg.errors.UniqueViolation:
+                continue  # an enqueue took one of the keys meanwhile: choose again
+            affected, remaining, _ = rows[0]
+            return BulkResult(affected=affected, remaining=remaining)
+        raise _key_taken("(bulk)", None)
+
+    async def remove_many(self, filter: BulkFilter) -> BulkResult:
+        if JobState(filter.state) is JobState.RUNNING:
+            raise JobNotRemovableError(
+                "running rows cannot be removed; cancel them first", meta={"state": "running"}
+            )
+        rows = await self._executor.fetch(SQL_REMOVE_MANY, _bulk_params(filter))
+        affected, remaining = rows[0]
+        return BulkResult(affected=affected, remaining=remaining)
+
+    async def promote_many(self, filter: BulkFilter) -> BulkResult:
+        state = JobState(filter.state)
+        if state not in PROMOTABLE_STATES:
+            raise JobNotPromotableError(
+                f"promote_many moves delayed or ready rows, not {state.value}",
+                meta={"state": state.value},
+            )
+        params = {**_bulk_params(filter), "now": self._clock.now()}
+        rows = await self._executor.fetch(SQL_PROMOTE_MANY, params)
+        affected, remaining, _ = rows[0]
+        return BulkResult(affected=affected, remaining=remaining)
+
+    # -- pauses ----------------------------------------------------------------------------
+
+    async def pause_queue(self, queue: str) -> None:
+        await self._executor.fetch(SQL_PAUSE_QUEUE, {"queue": queue, "now": self._clock.now()})
+
+    async def resume_queue(self, queue: str) -> None:
+        await self._executor.fetch(SQL_RESUME_QUEUE, {"queue": queue})
+
+    async def paused_queues(self) -> builtins.list[str]:
+        return [row[0] for row in await self._executor.fetch(SQL_PAUSED_QUEUES)]
+
+    async def pause_task(self, task: str) -> None:
+        await self._executor.fetch(SQL_PAUSE_TASK, {"task": task, "now": self._clock.now()})
+
+    async def resume_task(self, task: str) -> None:
+        await self._executor.fetch(SQL_RESUME_TASK, {"task": task})
+
+    async def paused_tasks(self) -> builtins.list[str]:
+        return [row[0] for row in await self._executor.fetch(SQL_PAUSED_TASKS)]
+
+    # -- workers, progress, counters, task fires ------------------------------------------
+
+    async def workers(self) -> builtins.list[WorkerInfo]:
+        rows = await self._executor.fetch(SQL_WORKERS, {"now": self._clock.now()})
+        return [
+            WorkerInfo(
+                id=worker_id,
+                host=host,
+                started_at=utc(started_at),
+                queues=tuple(queues),
+                slots=dict(slots),
+                in_flight=tuple(in_flight),
+                last_heartbeat=utc(last_heartbeat),
+            )
+            for worker_id, host, started_at, queues, slots, in_flight, last_heartbeat in rows
+        ]
+
+    async def record_worker(self, info: WorkerInfo, *, ttl: float) -> None:
+        await self._executor.fetch(
+            SQL_RECORD_WORKER,
+            {
+                "id": info.id,
+                "host": info.host,
+                "started_at": info.started_at,
+                "queues": list(info.queues),
+                "slots": dump_json(dict(info.slots)),
+                "in_flight": list(info.in_flight),
+                "last_heartbeat": info.last_heartbeat,
+                "expires_at": self._clock.now() + timedelta(seconds=ttl),
+            },
+        )
+
+    async def remove_worker(self, worker_id: str) -> None:
+        await self._executor.fetch(SQL_REMOVE_WORKER, {"id": worker_id})
+
+    async def record_progress(self, job_id: str, ref: ClaimRef, progress: Progress) -> bool:
+        rows = await self._executor.fetch(
+            SQL_RECORD_PROGRESS,
+            {
+                "id": job_id,
+                "worker_id": ref.worker_id,
+                "claim": ref.claim,
+                "progress": progress_json(progress),
+            },
+        )
+        return bool(rows)
+
+    async def counters(self, job: str, *, since: datetime) -> builtins.list[CounterBucket]:
+        rows = await self._executor.fetch(SQL_COUNTERS, {"name": job, "since": since})
+        return [_bucket(row) for row in rows]
+
+    async def counter_totals(self, *, since: datetime) -> builtins.list[CounterTotals]:
+        rows = await self._executor.fetch(SQL_COUNTER_TOTALS, {"since": since})
+        return [
+            CounterTotals(
+                name=name, done=done, retried=retried, failed=failed, dead=dead, duration_ms=ms
+            )
+            for name, done, retried, failed, dead, ms in rows
+        ]
+
+    async def rollup_counters(self) -> None:
+        now = self._clock.now()
+        async with self._executor.transaction() as conn:
+            cursor = await conn.execute(
+                SQL_COUNTERS_DUE_FOR_ROLLUP,
+                {
+                    "widths": [width for width, _ in COUNTER_TIERS],
+                    "retentions": [retention for _, retention in COUNTER_TIERS],
+                    "now": now,
+                },
+            )
+            due = [_bucket(row) for row in await cursor.fetchall()]
+            if not due:
+                return
+            folded = rollup(due, now)
+            await conn.execute(
+                SQL_COUNTERS_FOLD,
+                {
+                    "gone_names": [b.name for b in due],
+                    "gone_starts": [b.start for b in due],
+                    "gone_widths": [b.width_s for b in due],
+                    "names": [b.name for b in folded],
+                    "starts": [b.start for b in folded],
+                    "widths": [b.width_s for b in folded],
+                    "done": [b.done for b in folded],
+                    "retried": [b.retried for b in folded],
+                    "failed": [b.failed for b in folded],
+                    "dead": [b.dead for b in folded],
+                    "durations": [b.duration_ms for b in folded],
+                },
+            )
+
+    async def task_fires(self) -> builtins.list[TaskFire]:
+        rows = await self._executor.fetch(SQL_TASK_FIRES, {"max_rows": MAX_TASK_FIRES})
+        return [TaskFire(task, occurrence, utc(fired_at)) for task, occurrence, fired_at in rows]
+
+    async def record_task_fire(self, task: str, occurrence_ms: int) -> None:
+        await self._executor.fetch(
+            SQL_RECORD_TASK_FIRE,
+            {"task": task, "occurrence_ms": occurrence_ms, "now": self._clock.now()},
+        )
+
+
+def _bulk_params(filter: BulkFilter) -> dict[str, Any]:
+    return {
+        "state": JobState(filter.state).value,
+        "queue": filter.queue,
+        "name": filter.name,
+        "tenant_id": filter.tenant_id,
+        "max_rows": MAX_BULK_ROWS,
+    }
+
+
+def _bucket(row: tuple[Any, ...]) -> CounterBucket:
+    name, start, width_s, done, retried, failed, dead, duration_ms = row
+    return CounterBucket(
+        name=name,
+        start=utc(start),
+        width_s=width_s,
+        done=done,
+        retried=retried,
+        failed=failed,
+        dead=dead,
+        duration_ms=duration_ms,
+    )
+
+
+def _key_taken(job_id: str, holder: str | None) -> JobDuplicateError:
+    return JobDuplicateError(
+        f"a live job ({holder or 'another row'}) holds this job's idempotency key; requeueing "
+        "would run the same work twice",
+        meta={"id": job_id, "existing_id": holder},
+    )

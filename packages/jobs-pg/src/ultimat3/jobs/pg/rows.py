@@ -1,0 +1,160 @@
+"""Rows the statements answer, as the core's records; and values as the statements take them."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from ultimat3.jobs.core.model import (
+    BackfillRow,
+    ClaimedJob,
+    ClaimRef,
+    ExhaustedJob,
+    JobRow,
+    JobState,
+    JsonValue,
+    Progress,
+    StepRecord,
+)
+
+__all__ = [
+    "backfill_row",
+    "claimed_job",
+    "dump_json",
+    "exhausted_job",
+    "job_row",
+    "progress_json",
+    "step_record",
+    "utc",
+]
+
+
+def utc(value: datetime) -> datetime:
+    """A ``timestamptz`` as read (in the session's zone) as the same instant in UTC."""
+    return value if value.tzinfo is UTC else value.astimezone(UTC)
+
+
+def utc_or_none(value: datetime | None) -> datetime | None:
+    return None if value is None else utc(value)
+
+
+def dump_json(value: JsonValue) -> str:
+    """The JSON text a ``json`` column stores: read back, it is exactly ``value`` again."""
+    return json.dumps(value, separators=(",", ":"))
+
+
+def progress_json(progress: Progress) -> str:
+    return dump_json({"done": progress.done, "total": progress.total, "note": progress.note})
+
+
+def _progress(raw: Mapping[str, Any] | None) -> Progress | None:
+    if raw is None:
+        return None
+    return Progress(done=raw["done"], total=raw.get("total"), note=raw.get("note"))
+
+
+def step_record(name: str, seq: int, output: JsonValue, completed: bool) -> StepRecord:
+    return StepRecord(name=name, seq=seq, output=output, completed=completed)
+
+
+def claimed_job(
+    row: Sequence[Any], *, worker_id: str, claim: str, lease_until: datetime
+) -> ClaimedJob:
+    """A taken row of SQL_CLAIM (columns in the statement's order)."""
+    (
+        _state,
+        job_id,
+        run_id,
+        name,
+        queue,
+        input,
+        idempotency_key,
+        tenant_id,
+        attempt,
+        max_attempts,
+        run_at,
+        created_at,
+        enqueued_by,
+        traceparent,
+        steps,
+    ) = row
+    return ClaimedJob(
+        id=job_id,
+        run_id=run_id,
+        name=name,
+        queue=queue,
+        input=input,
+        idempotency_key=idempotency_key,
+        tenant_id=tenant_id,
+        attempt=attempt,
+        max_attempts=max_attempts,
+        run_at=utc(run_at),
+        created_at=utc(created_at),
+        lease_until=lease_until,
+        claim=ClaimRef(worker_id, claim),
+        steps={} if steps is None else {step[0]: step_record(*step) for step in steps},
+        enqueued_by=enqueued_by,
+        traceparent=traceparent,
+    )
+
+
+def exhausted_job(row: Sequence[Any]) -> ExhaustedJob:
+    """A buried row of SQL_CLAIM."""
+    state, job_id, run_id, name, queue, input, _, tenant_id, attempt, max_attempts = row[:10]
+    return ExhaustedJob(
+        id=job_id,
+        run_id=run_id,
+        name=name,
+        queue=queue,
+        input=input,
+        tenant_id=tenant_id,
+        attempt=attempt,
+        max_attempts=max_attempts,
+        state=JobState(state),
+    )
+
+
+def job_row(row: Mapping[str, Any]) -> JobRow:
+    """A job as the operator statements answer it (by column name)."""
+    return JobRow(
+        id=row["id"],
+        run_id=row["run_id"],
+        name=row["name"],
+        queue=row["queue"],
+        state=JobState(row["state"]),
+        input=row["input"],
+        idempotency_key=row["idempotency_key"],
+        tenant_id=row["tenant_id"],
+        attempt=row["attempt"],
+        max_attempts=row["max_attempts"],
+        run_at=utc(row["run_at"]),
+        created_at=utc(row["created_at"]),
+        updated_at=utc(row["updated_at"]),
+        finished_at=utc_or_none(row["finished_at"]),
+        last_error=row["last_error"],
+        progress=_progress(row["progress"]),
+        worker_id=row["worker_id"],
+        lease_until=utc_or_none(row["lease_until"]),
+        enqueued_by=row["enqueued_by"],
+        traceparent=row["traceparent"],
+    )
+
+
+def backfill_row(row: Sequence[Any]) -> BackfillRow:
+    """A row of the backfill statements (name, run_id, checksum, status, app_version, rows,
+    cursor, started_at, completed_at, error)."""
+    name, run_id, checksum, status, app_version, rows, cursor, started, completed, error = row
+    return BackfillRow(
+        name=name,
+        run_id=run_id,
+        checksum=checksum,
+        status=status,
+        started_at=utc(started),
+        rows=rows,
+        cursor=cursor,
+        app_version=app_version,
+        completed_at=utc_or_none(completed),
+        error=error,
+    )

@@ -1,0 +1,129 @@
+"""Claim: one statement hands out a batch over every queue a worker has free slots on."""
+
+from __future__ import annotations
+
+__all__ = ["SQL_CLAIM"]
+
+SQL_CLAIM = """
+-- Parameters: queues[] and limits[] (free slots per queue, element-wise), the claimant's now and
+-- lease_until (now + visibility timeout), worker_id and a fresh claim token, drop[] (job names
+-- declaring dead_letter=False) and bucket (the 1-minute counter bucket of now).
+--
+-- Guarantees, in this one statement:
+-- * a row goes to exactly one claimant: candidates are locked FOR UPDATE SKIP LOCKED, so two
+--   workers claiming at once take disjoint rows and neither waits for the other;
+-- * per queue, due rows in (run_at, id) order up to that queue's free slots: waiting rows
+--   (ready / delayed / suspended with run_at <= now) and running rows whose lease lapsed (their
+--   worker died or stalled). A paused queue (a row in x_queue_pauses) yields nothing;
+-- * a lapsed row already on its final attempt is never handed out: it is settled dead (failed
+--   when its name is in drop[]) with last_error LEASE_LAPSED_FINAL_ATTEMPT, counted, and
+--   returned once (its state names it). Buried rows take no slot: a row is taken or buried
+--   when fewer than the queue's limit of taken rows precede it;
+-- * each taken row is running under (worker_id, claim) until lease_until, its attempt raised
+--   by one, and comes back with the steps its run already stored (no statement per job).
+--
+-- Why the CTEs: the candidates must be chosen and locked with a LIMIT before anything is
+-- updated, or the planner may update more rows than the limit. The window over the locked
+-- candidates decides which of them are taken; rows locked but not taken are released when the
+-- statement commits.
+with slot as (
+    select q.queue, q.free
+    from unnest(%(queues)s::text[], %(limits)s::int[]) as q (queue, free)
+    where q.free > 0
+      and not exists (select 1 from x_queue_pauses p where p.queue = q.queue)
+),
+waiting as (
+    select s.queue, s.free, c.id, c.run_at, false as exhausted
+    from slot s
+    cross join lateral (
+        select j.id, j.run_at
+        from x_jobs j
+        where j.queue = s.queue
+          and j.state in ('ready', 'delayed', 'suspended')
+          and j.run_at <= %(now)s
+        order by j.run_at, j.id
+        limit s.free
+        for update skip locked
+    ) c
+),
+lapsed as (
+    select s.queue, s.free, c.id, c.run_at, c.exhausted
+    from slot s
+    cross join lateral (
+        select j.id, j.run_at, j.attempt >= j.max_attempts as exhausted
+        from x_jobs j
+        where j.queue = s.queue
+          and j.state = 'running'
+          and j.lease_until <= %(now)s
+        for update skip locked
+    ) c
+),
+candidate as (
+    select * from waiting
+    union all
+    select * from lapsed
+),
+picked as (
+    select id, exhausted
+    from (
+        select id, exhausted, free,
+               count(*) filter (where not exhausted) over (
+                   partition by queue
+                   order by run_at, id
+                   rows between unbounded preceding and 1 preceding
+               ) as taken_before
+        from candidate
+    ) ranked
+    where taken_before < free
+),
+taken as (
+    update x_jobs j
+    set state = 'running',
+        attempt = j.attempt + 1,
+        worker_id = %(worker_id)s,
+        claim = %(claim)s,
+        lease_until = %(lease_until)s,
+        updated_at = %(now)s
+    from picked p
+    where j.id = p.id and not p.exhausted
+    returning j.id, j.run_id, j.name, j.queue, j.input, j.idempotency_key, j.tenant_id,
+              j.attempt, j.max_attempts, j.run_at, j.created_at, j.enqueued_by, j.traceparent
+),
+buried as (
+    update x_jobs j
+    set state = case when j.name = any(%(drop)s::text[]) then 'failed' else 'dead' end,
+        last_error = 'LEASE_LAPSED_FINAL_ATTEMPT',
+        updated_at = %(now)s,
+        finished_at = %(now)s,
+        worker_id = null,
+        claim = null,
+        lease_until = null
+    from picked p
+    where j.id = p.id and p.exhausted
+    returning j.id, j.run_id, j.name, j.queue, j.input, j.tenant_id, j.attempt, j.max_attempts,
+              j.run_at, j.state
+),
+counted as (
+    insert into x_job_counters as c (name, bucket_start, width_s, failed, dead)
+    select name, %(bucket)s, 60,
+           count(*) filter (where state = 'failed'),
+           count(*) filter (where state = 'dead')
+    from buried
+    group by name
+    order by name
+    on conflict (name, bucket_start, width_s) do update
+    set failed = c.failed + excluded.failed,
+        dead = c.dead + excluded.dead
+)
+select 'running' as state, t.id, t.run_id, t.name, t.queue, t.input, t.idempotency_key,
+       t.tenant_id, t.attempt, t.max_attempts, t.run_at, t.created_at, t.enqueued_by,
+       t.traceparent,
+       (select json_agg(json_build_array(s.name, s.seq, s.output, s.completed))
+        from x_job_steps s
+        where s.run_id = t.run_id) as steps
+from taken t
+union all
+select b.state, b.id, b.run_id, b.name, b.queue, b.input, null, b.tenant_id, b.attempt,
+       b.max_attempts, b.run_at, null, null, null, null
+from buried b
+"""

@@ -1,0 +1,73 @@
+"""Fleet-wide concurrency slots (``x_job_leases``): at most ``limit`` live holders per key.
+
+A holder keeps its slot by renewing it before ``expires_at``; a holder that died stops renewing and
+its slot frees itself when the TTL passes — no cleanup call needed.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "SQL_LEASE_ACQUIRE",
+    "SQL_LEASE_HOLDERS",
+    "SQL_LEASE_LOCK",
+    "SQL_LEASE_RELEASE",
+    "SQL_LEASE_RENEW",
+]
+
+SQL_LEASE_LOCK = """
+-- Parameters: key. Run first, in the acquire's transaction: acquirers of one key take turns, so
+-- the count SQL_LEASE_ACQUIRE reads (in its own, later snapshot) cannot be raced past the limit.
+select pg_advisory_xact_lock(hashtextextended(%(key)s, 0))
+"""
+
+SQL_LEASE_ACQUIRE = """
+-- Parameters: key, holder, limit, now, expires_at (now + ttl). Run after SQL_LEASE_LOCK.
+-- Takes a slot when fewer than limit live holders hold the key, or renews the slot this holder
+-- already has (keeping its place in slot order). A holder whose own slot lapsed takes a new one at
+-- the back. Expired holders of the key are swept. Answers whether the holder now holds a slot.
+with live as (
+    select holder
+    from x_job_leases
+    where key = %(key)s and expires_at > %(now)s
+),
+taken as (
+    insert into x_job_leases as l (key, holder, acquired_at, expires_at)
+    select %(key)s, %(holder)s, %(now)s, %(expires_at)s
+    where exists (select 1 from live where holder = %(holder)s)
+       or (select count(*) from live) < %(limit)s
+    on conflict (key, holder) do update
+    set expires_at = excluded.expires_at,
+        acquired_at = case when l.expires_at > %(now)s
+                           then l.acquired_at else excluded.acquired_at end,
+        slot_order = case when l.expires_at > %(now)s
+                          then l.slot_order else nextval('x_job_leases_slot_order_seq') end
+    returning 1
+),
+swept as (
+    delete from x_job_leases
+    where key = %(key)s and expires_at <= %(now)s and holder <> %(holder)s
+)
+select exists (select 1 from taken)
+"""
+
+SQL_LEASE_RENEW = """
+-- Parameters: key, holder, now, expires_at. Extends a slot the holder still holds; a lapsed slot
+-- is not revived (another holder may have it by now). Answers whether it landed.
+update x_job_leases
+set expires_at = %(expires_at)s
+where key = %(key)s and holder = %(holder)s and expires_at > %(now)s
+returning 1
+"""
+
+SQL_LEASE_RELEASE = """
+-- Parameters: key, holder.
+delete from x_job_leases where key = %(key)s and holder = %(holder)s
+"""
+
+SQL_LEASE_HOLDERS = """
+-- Parameters: key, now. The live holders, in the order they took their slots.
+select holder
+from x_job_leases
+where key = %(key)s and expires_at > %(now)s
+order by slot_order
+"""

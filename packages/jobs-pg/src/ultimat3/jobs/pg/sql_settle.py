@@ -1,0 +1,166 @@
+"""The writes a run makes after its claim: settles, lease renewals, steps and progress.
+
+Every one is fenced on the claim: it matches a row only while that row is ``running`` under exactly
+the ``(worker_id, claim)`` the write carries, and answers which rows it matched. A body whose lease
+lapsed (and was claimed again, by another worker or by the same one) or whose row was cancelled
+changes nothing. Ack, nack and heartbeat take many rows per statement — one statement per batch
+of concurrent calls — each row still fenced on its own claim.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "SQL_ACK",
+    "SQL_HEARTBEAT",
+    "SQL_NACK",
+    "SQL_RECORD_PROGRESS",
+    "SQL_SAVE_STEP",
+]
+
+SQL_ACK = """
+-- Parameters: ids[], worker_ids[], claims[], durations[] (ms or NULL), element-wise; now; bucket
+-- (the 1-minute counter bucket of now).
+-- Guarantees: each row moves running -> done only under its own claim; the 'done' counters and
+-- durations move in this same statement, so a count never disagrees with the rows. Answers the
+-- ids that landed.
+with settle as (
+    select *
+    from unnest(%(ids)s::text[], %(worker_ids)s::text[], %(claims)s::text[],
+                %(durations)s::bigint[]) as s (id, worker_id, claim, duration_ms)
+),
+acked as (
+    update x_jobs j
+    set state = 'done',
+        updated_at = %(now)s,
+        finished_at = %(now)s,
+        worker_id = null,
+        claim = null,
+        lease_until = null
+    from settle s
+    where j.id = s.id
+      and j.state = 'running'
+      and j.worker_id = s.worker_id
+      and j.claim = s.claim
+    returning j.id, j.name, s.duration_ms
+),
+counted as (
+    insert into x_job_counters as c (name, bucket_start, width_s, done, duration_ms)
+    select name, %(bucket)s, 60, count(*), coalesce(sum(duration_ms), 0)
+    from acked
+    group by name
+    order by name
+    on conflict (name, bucket_start, width_s) do update
+    set done = c.done + excluded.done,
+        duration_ms = c.duration_ms + excluded.duration_ms
+)
+select id from acked
+"""
+
+SQL_NACK = """
+-- Parameters, element-wise: ids[], worker_ids[], claims[], states[] (the target nack_state()
+-- decided: ready, suspended, dead or failed), errors[] (NULL keeps last_error), run_ats[] (NULL:
+-- now; read for ready and suspended only), count_attempts[] (false hands the attempt back),
+-- counters[] (retried / failed / dead, or NULL for an uncounted attempt), durations[]; now; bucket.
+-- Guarantees: each row moves only under its own claim; its counter moves in this statement.
+-- Answers the ids that landed.
+with settle as (
+    select *
+    from unnest(%(ids)s::text[], %(worker_ids)s::text[], %(claims)s::text[],
+                %(states)s::text[], %(errors)s::text[], %(run_ats)s::timestamptz[],
+                %(count_attempts)s::boolean[], %(counters)s::text[], %(durations)s::bigint[])
+         as s (id, worker_id, claim, state, error, run_at, count_attempt, counter, duration_ms)
+),
+nacked as (
+    update x_jobs j
+    set state = s.state,
+        attempt = case when s.count_attempt then j.attempt else j.attempt - 1 end,
+        last_error = coalesce(s.error, j.last_error),
+        run_at = case when s.state in ('ready', 'suspended')
+                      then coalesce(s.run_at, %(now)s) else j.run_at end,
+        updated_at = %(now)s,
+        finished_at = case when s.state in ('dead', 'failed') then %(now)s else j.finished_at end,
+        worker_id = null,
+        claim = null,
+        lease_until = null
+    from settle s
+    where j.id = s.id
+      and j.state = 'running'
+      and j.worker_id = s.worker_id
+      and j.claim = s.claim
+    returning j.id, j.name, s.counter, s.duration_ms
+),
+counted as (
+    insert into x_job_counters as c (
+        name, bucket_start, width_s, retried, failed, dead, duration_ms
+    )
+    select name, %(bucket)s, 60,
+           count(*) filter (where counter = 'retried'),
+           count(*) filter (where counter = 'failed'),
+           count(*) filter (where counter = 'dead'),
+           coalesce(sum(duration_ms), 0)
+    from nacked
+    where counter is not null
+    group by name
+    order by name
+    on conflict (name, bucket_start, width_s) do update
+    set retried = c.retried + excluded.retried,
+        failed = c.failed + excluded.failed,
+        dead = c.dead + excluded.dead,
+        duration_ms = c.duration_ms + excluded.duration_ms
+)
+select id from nacked
+"""
+
+SQL_HEARTBEAT = """
+-- Parameters, element-wise: ids[], worker_ids[], claims[], lease_untils[] (now + that run's
+-- visibility timeout).
+-- Guarantees: a lease is extended only under its own claim; a cancelled row, or one whose lease
+-- lapsed and was claimed again, is not renewed — which is how the run learns it lost the row.
+update x_jobs j
+set lease_until = s.lease_until
+from unnest(%(ids)s::text[], %(worker_ids)s::text[], %(claims)s::text[],
+            %(lease_untils)s::timestamptz[]) as s (id, worker_id, claim, lease_until)
+where j.id = s.id
+  and j.state = 'running'
+  and j.worker_id = s.worker_id
+  and j.claim = s.claim
+returning j.id
+"""
+
+SQL_SAVE_STEP = """
+-- Parameters: job_id, worker_id, claim (the fence), run_id, name, seq, output (JSON text),
+-- completed, now.
+-- Guarantees: the step is written only while the job is running under this claim. The job row
+-- is share-locked while the step is written, so a cancel or a settle either happened before
+-- (and nothing is written) or waits until the step is in.
+with owner as (
+    select id
+    from x_jobs
+    where id = %(job_id)s
+      and state = 'running'
+      and worker_id = %(worker_id)s
+      and claim = %(claim)s
+    for share
+)
+insert into x_job_steps as s (run_id, name, seq, output, completed, saved_at)
+select %(run_id)s, %(name)s, %(seq)s, %(output)s::json, %(completed)s, %(now)s
+from owner
+on conflict (run_id, name) do update
+set seq = excluded.seq,
+    output = excluded.output,
+    completed = excluded.completed,
+    saved_at = excluded.saved_at
+returning 1
+"""
+
+SQL_RECORD_PROGRESS = """
+-- Parameters: id, worker_id, claim (the fence), progress (JSON text: {done, total, note}).
+-- Guarantees: only the run holding the claim reports on the row.
+update x_jobs
+set progress = %(progress)s::json
+where id = %(id)s
+  and state = 'running'
+  and worker_id = %(worker_id)s
+  and claim = %(claim)s
+returning id
+"""

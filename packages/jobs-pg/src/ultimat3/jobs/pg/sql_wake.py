@@ -1,0 +1,15 @@
+"""The wake's own statements: the session's LISTEN and the probe that proves it hears."""
+
+from __future__ import annotations
+
+__all__ = ["SQL_LISTEN", "SQL_WAKE_PROBE"]
+
+SQL_LISTEN = """
+listen x_jobs_wake
+"""
+
+SQL_WAKE_PROBE = """
+-- Parameters: payload (a probe token, never a queue name). Sent through the pool, NOT the
+-- listening session: arriving on the session proves a notification committed elsewhere reaches it.
+select pg_notify('x_jobs_wake', %(payload)s)
+"""
