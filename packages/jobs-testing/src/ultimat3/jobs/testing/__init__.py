@@ -1,1 +1,33 @@
-"""ultimat3-jobs testing: the driver conformance suite, run_jobs() and service fixtures."""
+"""ultimat3-jobs testing: the driver conformance suite, run_jobs() and service fixtures.
+
+- ``job_driver_conformance(factory)``: the whole suite as one pytest test class, for any driver;
+- ``run_jobs(driver)``: drive queued work to quiescence under a ``FrozenClock``;
+- the pytest fixtures ``postgres_url``, ``pg_database_url``, ``redis_url``, ``redis_prefix``
+  (registered by this distribution's pytest plugin).
+"""
+
+import pytest
+
+pytest.register_assert_rewrite("ultimat3.jobs.testing.conformance")
+
+from .conformance import (  # noqa: E402
+    CONFORMANCE_EPOCH,
+    Conformance,
+    ConformanceTarget,
+    TargetFactory,
+    check_against_reference,
+    job_driver_conformance,
+    open_conformance,
+)
+from .reference import ReferenceQueue  # noqa: E402
+
+__all__ = [
+    "CONFORMANCE_EPOCH",
+    "Conformance",
+    "ConformanceTarget",
+    "ReferenceQueue",
+    "TargetFactory",
+    "check_against_reference",
+    "job_driver_conformance",
+    "open_conformance",
+]

@@ -1,0 +1,97 @@
+"""The backfill ledger: one row per pass, adopted by the run that opened it."""
+
+from __future__ import annotations
+
+from ultimat3.jobs.core.model import BackfillRow
+
+from .target import Conformance
+
+__all__ = ["BackfillRules"]
+
+
+class BackfillRules:
+    async def test_begin_opens_a_running_pass(self, jobs: Conformance) -> None:
+        row = await jobs.backfills.begin(
+            name="rewrite-slugs", run_id="run-1", checksum="c1", app_version="1.2.3"
+        )
+        assert row == BackfillRow(
+            name="rewrite-slugs",
+            run_id="run-1",
+            checksum="c1",
+            status="running",
+            started_at=jobs.now(),
+            app_version="1.2.3",
+        )
+        assert await jobs.backfills.latest("rewrite-slugs") == row
+
+    async def test_begin_again_adopts_the_pass_of_that_run(self, jobs: Conformance) -> None:
+        ledger = jobs.backfills
+        first = await ledger.begin(name="b", run_id="run-1", checksum="c1")
+        await ledger.checkpoint("run-1", rows=500, cursor={"id": 500})
+        jobs.advance(60)
+        adopted = await ledger.begin(name="b", run_id="run-1", checksum="c2")
+        assert (adopted.started_at, adopted.checksum) == (first.started_at, "c1")
+        assert (adopted.rows, adopted.cursor, adopted.status) == (500, {"id": 500}, "running")
+
+    async def test_checkpoint_records_rows_and_cursor(self, jobs: Conformance) -> None:
+        ledger = jobs.backfills
+        await ledger.begin(name="b", run_id="run-1", checksum="c1")
+        await ledger.checkpoint("run-1", rows=1000, cursor={"after": [17, "x"]})
+        row = await ledger.latest("b")
+        assert row is not None
+        assert (row.rows, row.cursor, row.status) == (1000, {"after": [17, "x"]}, "running")
+
+    async def test_complete_closes_the_pass(self, jobs: Conformance) -> None:
+        ledger = jobs.backfills
+        await ledger.begin(name="b", run_id="run-1", checksum="c1")
+        jobs.advance(90)
+        await ledger.complete("run-1", rows=1234, cursor=None)
+        row = await ledger.latest("b")
+        assert row is not None
+        assert (row.status, row.completed_at, row.rows, row.cursor) == (
+            "completed",
+            jobs.now(),
+            1234,
+            None,
+        )
+
+    async def test_fail_records_the_error(self, jobs: Conformance) -> None:
+        ledger = jobs.backfills
+        await ledger.begin(name="b", run_id="run-1", checksum="c1")
+        await ledger.fail("run-1", "X_BOOM: the table is locked")
+        row = await ledger.latest("b")
+        assert row is not None
+        assert (row.status, row.error) == ("failed", "X_BOOM: the table is locked")
+
+    async def test_writes_for_an_unknown_run_change_nothing(self, jobs: Conformance) -> None:
+        ledger = jobs.backfills
+        await ledger.checkpoint("nobody", rows=1, cursor=1)
+        await ledger.complete("nobody", rows=1, cursor=1)
+        await ledger.fail("nobody", "boom")
+        assert await ledger.list() == []
+
+    async def test_latest_is_the_newest_pass_in_any_status(self, jobs: Conformance) -> None:
+        ledger = jobs.backfills
+        await ledger.begin(name="b", run_id="run-1", checksum="c1")
+        await ledger.complete("run-1", rows=1, cursor=None)
+        jobs.advance(60)
+        await ledger.begin(name="b", run_id="run-2", checksum="c1")
+        await ledger.fail("run-2", "boom")
+        await ledger.begin(name="other", run_id="run-3", checksum="c9")
+        latest = await ledger.latest("b")
+        assert latest is not None
+        assert (latest.run_id, latest.status) == ("run-2", "failed")
+
+    async def test_latest_of_an_unknown_name_is_none(self, jobs: Conformance) -> None:
+        assert await jobs.backfills.latest("never-ran") is None
+
+    async def test_list_is_newest_first_filtered_and_bounded(self, jobs: Conformance) -> None:
+        ledger = jobs.backfills
+        for run_id, name in [("r1", "a"), ("r2", "b"), ("r3", "a"), ("r4", "a")]:
+            await ledger.begin(name=name, run_id=run_id, checksum="c")
+            jobs.advance(1)
+        await ledger.complete("r3", rows=0, cursor=None)
+        assert [r.run_id for r in await ledger.list()] == ["r4", "r3", "r2", "r1"]
+        assert [r.run_id for r in await ledger.list(name="a")] == ["r4", "r3", "r1"]
+        assert [r.run_id for r in await ledger.list(status="running")] == ["r4", "r2", "r1"]
+        assert [r.run_id for r in await ledger.list(name="a", limit=2)] == ["r4", "r3"]

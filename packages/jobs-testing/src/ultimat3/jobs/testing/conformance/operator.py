@@ -1,0 +1,230 @@
+"""The operator's one-row actions: remove, requeue (from a step), cancel and promote."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from ultimat3.jobs.core import (
+    ClaimedJob,
+    JobDuplicateError,
+    JobNotFoundError,
+    JobNotPromotableError,
+    JobNotRemovableError,
+    JobNotRequeueableError,
+    JobState,
+    StepRecord,
+)
+
+from .target import Conformance
+
+__all__ = ["OperatorRules"]
+
+_UNKNOWN = "0190a000-0000-7000-8000-0000000000ff"
+
+
+async def _finished(jobs: Conformance, state: JobState, **fields: Any) -> ClaimedJob:
+    """A row that ran once and ended in ``state``."""
+    held = await jobs.running(**fields)
+    if state is JobState.DONE:
+        assert await jobs.ack(held)
+    elif state is JobState.CANCELLED:
+        assert await jobs.introspect.cancel(held.id) is not None
+    else:
+        assert await jobs.nack(
+            held, error="boom", dead_letter=state is JobState.DEAD, fail=state is JobState.FAILED
+        )
+    return held
+
+
+async def _with_steps(jobs: Conformance, names: list[str]) -> ClaimedJob:
+    held = await jobs.running()
+    for seq, name in enumerate(names):
+        step = StepRecord(name, seq, {"step": name})
+        assert await jobs.driver.save_step(held.id, held.claim, held.run_id, step)
+    return held
+
+
+class OperatorRules:
+    # -- remove ---------------------------------------------------------------------------------
+
+    async def test_remove_deletes_the_row(self, jobs: Conformance) -> None:
+        queued = await jobs.enqueue()
+        assert await jobs.introspect.remove(queued.id) is True
+        assert await jobs.introspect.get(queued.id) is None
+        assert await jobs.driver.stats() == []
+
+    async def test_remove_of_an_unknown_id_answers_false(self, jobs: Conformance) -> None:
+        assert await jobs.introspect.remove(_UNKNOWN) is False
+
+    async def test_a_running_row_is_not_removable(self, jobs: Conformance) -> None:
+        held = await jobs.running()
+        with pytest.raises(JobNotRemovableError) as refused:
+            await jobs.introspect.remove(held.id)
+        assert refused.value.code == "X_JOB_NOT_REMOVABLE"
+        assert (await jobs.row(held.id)).state is JobState.RUNNING
+
+    async def test_remove_takes_the_steps_with_the_row(self, jobs: Conformance) -> None:
+        held = await _with_steps(jobs, ["a"])
+        assert await jobs.ack(held)
+        assert await jobs.introspect.remove(held.id)
+        await jobs.enqueue(queue=held.queue, run_id=held.run_id)
+        assert (await jobs.claim_one(held.queue)).steps == {}
+
+    async def test_removing_a_live_row_frees_its_key(self, jobs: Conformance) -> None:
+        queued = await jobs.enqueue(key="k")
+        assert await jobs.introspect.remove(queued.id)
+        assert not (await jobs.enqueue(key="k")).deduped
+
+    # -- requeue --------------------------------------------------------------------------------
+
+    async def test_requeue_makes_a_finished_row_ready_from_scratch(self, jobs: Conformance) -> None:
+        held = await _finished(jobs, JobState.DEAD)
+        jobs.advance(60)
+        row = await jobs.introspect.requeue(held.id)
+        assert (row.id, row.run_id, row.state) == (held.id, held.run_id, JobState.READY)
+        assert (row.attempt, row.run_at, row.updated_at) == (0, jobs.now(), jobs.now())
+        assert (row.last_error, row.progress, row.finished_at) == (None, None, None)
+        assert await jobs.row(held.id) == row
+
+    async def test_every_finished_state_is_requeueable(self, jobs: Conformance) -> None:
+        for state in (JobState.DONE, JobState.FAILED, JobState.DEAD, JobState.CANCELLED):
+            held = await _finished(jobs, state)
+            assert (await jobs.introspect.requeue(held.id)).state is JobState.READY
+
+    async def test_a_requeued_row_runs_again_as_attempt_one(self, jobs: Conformance) -> None:
+        held = await _finished(jobs, JobState.FAILED)
+        await jobs.introspect.requeue(held.id)
+        again = await jobs.claim_one(held.queue)
+        assert (again.id, again.attempt) == (held.id, 1)
+
+    async def test_requeue_keeps_the_steps(self, jobs: Conformance) -> None:
+        held = await _with_steps(jobs, ["a", "b"])
+        assert await jobs.nack(held, dead_letter=True)
+        await jobs.introspect.requeue(held.id)
+        assert set((await jobs.claim_one(held.queue)).steps) == {"a", "b"}
+
+    async def test_requeue_from_a_step_drops_it_and_every_later_step(
+        self, jobs: Conformance
+    ) -> None:
+        held = await _with_steps(jobs, ["a", "b", "c", "d"])
+        assert await jobs.nack(held, dead_letter=True)
+        await jobs.introspect.requeue(held.id, from_step="b")
+        assert set((await jobs.claim_one(held.queue)).steps) == {"a"}
+
+    async def test_requeue_from_an_unknown_step_is_not_found(self, jobs: Conformance) -> None:
+        held = await _with_steps(jobs, ["a"])
+        assert await jobs.nack(held, dead_letter=True)
+        before = await jobs.snapshot(held.id)
+        with pytest.raises(JobNotFoundError):
+            await jobs.introspect.requeue(held.id, from_step="nope")
+        assert await jobs.snapshot(held.id) == before
+
+    async def test_a_live_row_is_not_requeueable(self, jobs: Conformance) -> None:
+        ready = await jobs.enqueue()
+        delayed = await jobs.enqueue(delay=60)
+        running = await jobs.running()
+        parked = await jobs.running()
+        assert await jobs.nack(parked, park=True, run_at=jobs.at(60), count_attempt=False)
+        for job_id in (ready.id, delayed.id, running.id, parked.id):
+            with pytest.raises(JobNotRequeueableError) as refused:
+                await jobs.introspect.requeue(job_id)
+            assert refused.value.code == "X_JOB_NOT_REQUEUEABLE"
+
+    async def test_requeue_over_a_live_key_is_a_duplicate(self, jobs: Conformance) -> None:
+        held = await _finished(jobs, JobState.DEAD, key="k")
+        await jobs.enqueue(key="k")
+        before = await jobs.snapshot(held.id)
+        with pytest.raises(JobDuplicateError) as refused:
+            await jobs.introspect.requeue(held.id)
+        assert refused.value.code == "X_JOB_DUPLICATE"
+        assert await jobs.snapshot(held.id) == before
+
+    async def test_requeue_of_an_unknown_id_is_not_found(self, jobs: Conformance) -> None:
+        with pytest.raises(JobNotFoundError) as refused:
+            await jobs.introspect.requeue(_UNKNOWN)
+        assert refused.value.code == "X_JOB_NOT_FOUND"
+
+    async def test_a_requeued_row_holds_its_key_again(self, jobs: Conformance) -> None:
+        held = await _finished(jobs, JobState.DONE, key="k")
+        await jobs.introspect.requeue(held.id)
+        assert (await jobs.enqueue(key="k")).id == held.id
+
+    # -- cancel ---------------------------------------------------------------------------------
+
+    async def test_cancel_stops_a_queued_row(self, jobs: Conformance) -> None:
+        queued = await jobs.enqueue()
+        row = await jobs.introspect.cancel(queued.id, "runaway")
+        assert row is not None
+        assert (row.state, row.last_error) == (JobState.CANCELLED, "cancelled: runaway")
+        assert row.finished_at == jobs.now()
+        assert await jobs.claimed_ids() == []
+
+    async def test_cancel_without_a_reason_says_cancelled(self, jobs: Conformance) -> None:
+        queued = await jobs.enqueue(delay=60)
+        row = await jobs.introspect.cancel(queued.id)
+        assert row is not None
+        assert row.last_error == "cancelled"
+
+    async def test_a_cancelled_run_cannot_settle_renew_or_report(self, jobs: Conformance) -> None:
+        held = await jobs.running()
+        assert await jobs.introspect.cancel(held.id) is not None
+        assert not await jobs.driver.heartbeat(held.id, held.claim, 30)
+        assert not await jobs.ack(held)
+        assert not await jobs.nack(held, error="late")
+        assert not await jobs.driver.save_step(
+            held.id, held.claim, held.run_id, StepRecord("late", 0, 1)
+        )
+        assert (await jobs.row(held.id)).state is JobState.CANCELLED
+
+    async def test_cancel_of_a_finished_row_answers_none_and_leaves_it(
+        self, jobs: Conformance
+    ) -> None:
+        held = await _finished(jobs, JobState.DONE)
+        before = await jobs.snapshot(held.id)
+        assert await jobs.introspect.cancel(held.id, "too late") is None
+        assert await jobs.snapshot(held.id) == before
+
+    async def test_cancel_of_an_unknown_id_answers_none(self, jobs: Conformance) -> None:
+        assert await jobs.introspect.cancel(_UNKNOWN) is None
+
+    async def test_a_cancelled_row_frees_its_key(self, jobs: Conformance) -> None:
+        queued = await jobs.enqueue(key="k")
+        assert await jobs.introspect.cancel(queued.id) is not None
+        assert not (await jobs.enqueue(key="k")).deduped
+
+    # -- promote --------------------------------------------------------------------------------
+
+    async def test_promote_makes_a_delayed_row_due_now(self, jobs: Conformance) -> None:
+        queued = await jobs.enqueue(delay=3600)
+        row = await jobs.introspect.promote(queued.id)
+        assert (row.state, row.run_at) == (JobState.READY, jobs.now())
+        assert await jobs.claimed_ids() == [queued.id]
+
+    async def test_promote_cuts_a_backoff_short(self, jobs: Conformance) -> None:
+        held = await jobs.running()
+        assert await jobs.nack(held, error="boom", run_at=jobs.at(600))
+        row = await jobs.introspect.promote(held.id)
+        assert (row.state, row.run_at, row.attempt) == (JobState.READY, jobs.now(), 1)
+
+    async def test_a_row_already_due_is_not_promotable(self, jobs: Conformance) -> None:
+        queued = await jobs.enqueue()
+        with pytest.raises(JobNotPromotableError) as refused:
+            await jobs.introspect.promote(queued.id)
+        assert refused.value.code == "X_JOB_NOT_PROMOTABLE"
+
+    async def test_running_suspended_and_finished_rows_are_not_promotable(
+        self, jobs: Conformance
+    ) -> None:
+        running = await jobs.running()
+        parked = await jobs.running()
+        assert await jobs.nack(parked, park=True, run_at=jobs.at(60), count_attempt=False)
+        done = await _finished(jobs, JobState.DONE)
+        for job_id in (running.id, parked.id, done.id):
+            with pytest.raises(JobNotPromotableError):
+                await jobs.introspect.promote(job_id)
+
+    async def test_promote_of_an_unknown_id_is_not_found(self, jobs: Conformance) -> None:
+        with pytest.raises(JobNotFoundError):
+            await jobs.introspect.promote(_UNKNOWN)
