@@ -15,6 +15,7 @@ from .constants import (
     ON_SETTLED_ATTEMPTS,
 )
 from .context import JobContext, JobOutcome, Settled
+from .cron import latest_occurrence, next_occurrence
 from .cursor import job_cursor
 from .errors import *  # noqa: F403
 from .errors import __all__ as _errors
@@ -23,7 +24,12 @@ from .execute import JobExecution, execute_job, failure_verdict
 from .facade import job_driver, jobs_facade, reset_job_driver, set_job_driver, set_jobs_facade
 from .ids import new_id
 from .job import AnyJobHandle, Concurrency, JobDescriptor, JobHandle, job, job_lease_key
+from .lifecycle import configure_lifecycle, install_shutdown_signals, on_shutdown, shutdown
+from .limits import LimitConfig, ProcessLimits, RateLimit
 from .memory import memory_job_driver
+from .memory.outbox import memory_outbox_store
+from .memory.scheduler import always_leader, memory_scheduler_state
+from .metrics import JobMetrics, job_metrics, observe_queues
 from .model import (
     LEASE_LAPSED_FINAL_ATTEMPT,
     LIVE_STATES,
@@ -47,6 +53,7 @@ from .model import (
     claim_of,
 )
 from .nack import nack_counter, nack_state
+from .outbox import OutboxJobsFacade, OutboxRelay, outbox_jobs_facade, outbox_relay
 from .protocol import (
     BackfillLedger,
     ClaimBatch,
@@ -69,11 +76,13 @@ from .retry import (
     register_error_retry,
     retry_schedule,
 )
+from .scheduler import JobScheduler, job_scheduler, next_task_run
 from .signal import AbortController, AbortSignal
 from .steps import Step, StepSuspension
 from .task import AnyTaskHandle, TaskDescriptor, TaskHandle, task
 from .tenancy import Actor, cross_tenant, current_actor, require_org
 from .wake import signal_enqueued
+from .worker import JobWorker, WorkerStats, job_worker
 
 __all__ = [
     *_errors,
@@ -169,4 +178,29 @@ __all__ = [
     "set_jobs_facade",
     "signal_enqueued",
     "task",
+    "latest_occurrence",
+    "next_occurrence",
+    "configure_lifecycle",
+    "install_shutdown_signals",
+    "on_shutdown",
+    "shutdown",
+    "LimitConfig",
+    "ProcessLimits",
+    "RateLimit",
+    "memory_outbox_store",
+    "always_leader",
+    "memory_scheduler_state",
+    "JobMetrics",
+    "job_metrics",
+    "observe_queues",
+    "OutboxJobsFacade",
+    "OutboxRelay",
+    "outbox_jobs_facade",
+    "outbox_relay",
+    "JobScheduler",
+    "job_scheduler",
+    "next_task_run",
+    "JobWorker",
+    "WorkerStats",
+    "job_worker",
 ]

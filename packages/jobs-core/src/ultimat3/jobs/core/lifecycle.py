@@ -1,4 +1,4 @@
-"""Process shutdown in two phases, and how a role's loop waits.
+"""Process shutdown in two phases, and the timing pieces every role's loop shares.
 
 A SIGTERM drains every role of the process the same way, in two phases:
 
@@ -25,6 +25,7 @@ from typing import Any
 
 from .clock import Clock
 from .constants import DRAIN_DEADLINE_S
+from .durations import Duration, parse_duration
 from .errors import InvariantError
 from .logs import log_event
 
@@ -36,6 +37,7 @@ __all__ = [
     "install_shutdown_signals",
     "lifecycle_deadline",
     "on_shutdown",
+    "positive_seconds",
     "shutdown",
 ]
 
@@ -115,6 +117,15 @@ def install_shutdown_signals() -> Callable[[], None]:
             loop.remove_signal_handler(sig)
 
     return remove
+
+
+def positive_seconds(value: Duration, field: str) -> float:
+    """A role's interval or budget in seconds; zero, negative or malformed is ``X_INVARIANT``
+    where it was written."""
+    seconds = parse_duration(value, field=field)
+    if seconds <= 0:
+        raise InvariantError(f"{field} must be positive, got {value!r}", meta={"field": field})
+    return seconds
 
 
 class Wakeup:

@@ -56,7 +56,7 @@ from .constants import (
     WOKEN_IDLE_POLL_CEILING_S,
 )
 from .context import JobOutcome
-from .durations import Duration, parse_duration
+from .durations import Duration
 from .errors import (
     ClaimQueuesEmptyError,
     InvariantError,
@@ -68,7 +68,13 @@ from .errors import (
 from .execute import JobExecution, announce_exhausted, execute_job, refuse_job
 from .ids import new_id
 from .job import AnyJobHandle
-from .lifecycle import LateDeadline, Wakeup, install_shutdown_signals, on_shutdown
+from .lifecycle import (
+    LateDeadline,
+    Wakeup,
+    install_shutdown_signals,
+    on_shutdown,
+    positive_seconds,
+)
 from .limits import LimitConfig, ProcessLimits
 from .logs import log_event
 from .metrics import JobMetrics, job_metrics
@@ -172,11 +178,11 @@ class JobWorker:
         self._driver = driver
         self._context = context
         self._clock = clock or driver.clock
-        self._vis = _positive(visibility_timeout, "visibility_timeout")
+        self._vis = positive_seconds(visibility_timeout, "visibility_timeout")
         beat = (
             self._vis / 3
             if heartbeat_interval is None
-            else _positive(heartbeat_interval, "heartbeat_interval")
+            else positive_seconds(heartbeat_interval, "heartbeat_interval")
         )
         if beat >= self._vis:
             raise InvariantError(
@@ -184,11 +190,11 @@ class JobWorker:
                 f"({self._vis}s), or every lease lapses before its renewal"
             )
         self._beat = beat
-        self._poll = _positive(poll_interval, "poll_interval")
+        self._poll = positive_seconds(poll_interval, "poll_interval")
         self._idle_max = (
-            None if idle_poll_max is None else _positive(idle_poll_max, "idle_poll_max")
+            None if idle_poll_max is None else positive_seconds(idle_poll_max, "idle_poll_max")
         )
-        self._drain_deadline = _positive(drain_deadline, "drain_deadline")
+        self._drain_deadline = positive_seconds(drain_deadline, "drain_deadline")
         self._wake = wake
         self._events = events
         self._metrics = metrics or job_metrics()
@@ -762,13 +768,6 @@ async def _awaited_services(run: _Run, pending: Awaitable[Any]) -> Any:
     except Exception as exc:
         run.controller.abort(exc)
         return None
-
-
-def _positive(value: Duration, field: str) -> float:
-    seconds = parse_duration(value, field=field)
-    if seconds <= 0:
-        raise InvariantError(f"{field} must be positive, got {value!r}", meta={"field": field})
-    return seconds
 
 
 def _queues_of(

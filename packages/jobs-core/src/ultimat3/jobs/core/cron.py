@@ -1,0 +1,102 @@
+"""Cron occurrences in a task's own timezone, right on the days the clocks change.
+
+A cron expression names WALL times (``0 3 * * *``: three o'clock on the clock on the wall).
+Evaluated naively, a DST zone runs such a task twice on the autumn switch day and not at all on
+the spring one. The resolution here maps every wall time the expression names to exactly one
+instant:
+
+======================================  ================================================
+the wall time exists once               that instant
+the wall time falls in the spring gap   the first instant after the gap — the moment the
+(it never shows on the clock)           clocks jump (as Debian's cron runs it)
+the wall time shows twice (autumn)      its first instance only
+======================================  ================================================
+
+so a daily task fires exactly once per local day, and several wall times inside one gap collapse
+into the one instant after it. Croniter iterates the wall times (naive datetimes, so it applies no
+DST logic of its own); the mapping to instants is ours.
+
+``latest_occurrence`` finds the last occurrence before an instant by bisection over the gap (about
+25 cron evaluations for three hours, 35 for a year), which is what a ``skip`` catch-up fires.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo
+
+from .clock import utc
+from .task import _croniter
+
+__all__ = ["instant_of", "latest_occurrence", "next_occurrence", "occurrence_ms"]
+
+_MS = timedelta(milliseconds=1)
+
+
+def occurrence_ms(instant: datetime) -> int:
+    """An occurrence's identity: epoch milliseconds, as rows and watermarks carry it."""
+    return math.floor(utc(instant).timestamp() * 1000)
+
+
+def instant_of(occurrence: int) -> datetime:
+    return datetime.fromtimestamp(occurrence / 1000, UTC)
+
+
+def next_occurrence(cron: str, zone: ZoneInfo, after: datetime) -> datetime:
+    """The first occurrence of ``cron`` in ``zone`` strictly after the instant ``after``."""
+    after = utc(after)
+    # The instant a wall time maps to never decreases as the wall time grows, so no wall time
+    # before ``after``'s own can map past it: the walk starts there.
+    walls = _croniter().croniter(cron, after.astimezone(zone).replace(tzinfo=None))
+    while True:
+        instant = _instant(walls.get_next(datetime), zone)
+        if instant > after:
+            return instant
+
+
+def latest_occurrence(
+    cron: str, zone: ZoneInfo, after: datetime, until: datetime
+) -> datetime | None:
+    """The last occurrence in ``(after, until]``, or None when there is none.
+
+    Bisection keeps ``next_occurrence(low) <= until < next_occurrence(high)``; when the two are a
+    millisecond apart, ``next_occurrence(low)`` is the last occurrence before ``until``.
+    """
+    until = utc(until)
+    first = next_occurrence(cron, zone, after)
+    if first > until:
+        return None
+    if next_occurrence(cron, zone, first) > until:
+        return first
+    low, high = first, until
+    while high - low > _MS:
+        middle = low + (high - low) / 2
+        if next_occurrence(cron, zone, middle) <= until:
+            low = middle
+        else:
+            high = middle
+    return next_occurrence(cron, zone, low)
+
+
+def _instant(wall: datetime, zone: ZoneInfo) -> datetime:
+    """The one instant a wall time fires at (see the module's table)."""
+    instant = wall.replace(tzinfo=zone, fold=0).astimezone(UTC)
+    if instant.astimezone(zone).replace(tzinfo=None) == wall:
+        return instant  # it exists; fold=0 is the first of two instances in the autumn
+    return _gap_end(wall, zone)
+
+
+def _gap_end(wall: datetime, zone: ZoneInfo) -> datetime:
+    """The instant the clocks jumped over ``wall``: the first whose wall time is later."""
+    # fold=1 reads a skipped wall time with the offset after the jump, giving an instant before
+    # it; fold=0 with the offset before, giving one after.
+    low = math.floor(wall.replace(tzinfo=zone, fold=1).timestamp())
+    high = math.ceil(wall.replace(tzinfo=zone, fold=0).timestamp())
+    while high - low > 1:
+        middle = (low + high) // 2
+        if datetime.fromtimestamp(middle, zone).replace(tzinfo=None) > wall:
+            high = middle
+        else:
+            low = middle
+    return datetime.fromtimestamp(high, UTC)
