@@ -1,0 +1,94 @@
+"""The backfill ledger on Redis: one hash per pass (``backfill:<run id>``), ordered by the
+``backfills`` set in the order passes began. A ledger row is a report kept like a migration
+record: one per pass, never expired."""
+
+from __future__ import annotations
+
+import builtins
+import json
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Literal, cast
+
+from ultimat3.jobs.core.model import BackfillRow, JsonValue
+
+from .codec import fields, from_us, json_text, optional
+from .namespace import Namespace
+
+__all__ = ["RedisBackfillLedger"]
+
+
+class RedisBackfillLedger:
+    def __init__(self, ns: Namespace) -> None:
+        self._ns = ns
+
+    async def begin(
+        self, *, name: str, run_id: str, checksum: str, app_version: str | None = None
+    ) -> BackfillRow:
+        row = await self._ns.call(
+            "backfill", "begin", run_id, name, checksum, optional(app_version)
+        )
+        return _read(fields(row))
+
+    async def checkpoint(self, run_id: str, *, rows: int, cursor: JsonValue) -> None:
+        await self._ns.call(
+            "backfill", "update", run_id, "0", "rows", str(rows), "cursor", json_text(cursor)
+        )
+
+    async def complete(self, run_id: str, *, rows: int, cursor: JsonValue) -> None:
+        await self._ns.call(
+            "backfill",
+            "update",
+            run_id,
+            "1",
+            "status",
+            "completed",
+            "rows",
+            str(rows),
+            "cursor",
+            json_text(cursor),
+        )
+
+    async def fail(self, run_id: str, error: str) -> None:
+        await self._ns.call("backfill", "update", run_id, "0", "status", "failed", "error", error)
+
+    async def _all(self) -> builtins.list[BackfillRow]:
+        """Every pass, in the order they began (the ledger is one row per pass: small)."""
+        runs = cast(list[str], await self._ns.client.zrange(self._ns.key("backfills"), 0, -1))
+        rows = await self._ns.hashes([f"backfill:{run_id}" for run_id in runs])
+        return [_read(row) for row in rows if row]
+
+    async def latest(self, name: str) -> BackfillRow | None:
+        rows = sorted((row for row in await self._all() if row.name == name), key=_started)
+        return rows[-1] if rows else None
+
+    async def list(
+        self, *, name: str | None = None, status: str | None = None, limit: int = 100
+    ) -> builtins.list[BackfillRow]:
+        rows = [
+            row
+            for row in await self._all()
+            if (name is None or row.name == name) and (status is None or row.status == status)
+        ]
+        return sorted(rows, key=_started, reverse=True)[:limit]
+
+
+def _started(row: BackfillRow) -> datetime:
+    return row.started_at
+
+
+def _read(row: Mapping[str, str]) -> BackfillRow:
+    status = cast(Literal["running", "completed", "failed"], row["status"])
+    completed = row.get("completed")
+    return BackfillRow(
+        name=row["name"],
+        run_id=row["run_id"],
+        checksum=row["checksum"],
+        status=status,
+        started_at=from_us(row["started"]),
+        rows=int(row["rows"]),
+        cursor=json.loads(row["cursor"]),
+        app_version=row.get("app_version"),
+        completed_at=None if completed is None else from_us(completed),
+        error=row.get("error"),
+    )

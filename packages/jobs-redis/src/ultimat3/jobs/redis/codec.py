@@ -1,0 +1,167 @@
+"""How rows, steps and times are written into Redis and read back.
+
+Times are integer microseconds since the epoch, kept as strings: exact (a float of seconds is
+not), and a sorted-set score orders them exactly below 2^53. JSON values (inputs, step outputs,
+progress) are written by Python and never decoded by a script, so they round-trip bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from ultimat3.jobs.core.model import (
+    ClaimedJob,
+    ClaimRef,
+    ExhaustedJob,
+    JobRow,
+    JobState,
+    JsonValue,
+    Progress,
+    StepRecord,
+)
+
+__all__ = [
+    "decode_steps",
+    "encode_step",
+    "fields",
+    "from_us",
+    "json_text",
+    "live_key",
+    "optional",
+    "read_claimed",
+    "read_exhausted",
+    "read_optional",
+    "read_row",
+    "to_us",
+]
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+def to_us(at: datetime) -> str:
+    return str((at - _EPOCH) // _MICROSECOND)
+
+
+def from_us(value: str | int) -> datetime:
+    return _EPOCH + timedelta(microseconds=int(value))
+
+
+def optional(value: str | None) -> str:
+    """An optional script argument: "" for None, "=" and the value otherwise."""
+    return "" if value is None else "=" + value
+
+
+def read_optional(value: str) -> str | None:
+    return None if value == "" else value[1:]
+
+
+def json_text(value: JsonValue) -> str:
+    return json.dumps(value, separators=(",", ":"), allow_nan=False)
+
+
+def live_key(name: str, tenant_id: str | None, idempotency_key: str) -> str:
+    """The field the live-key index is keyed by: the None tenant is the '' tenant."""
+    return json_text([name, tenant_id or "", idempotency_key])
+
+
+def fields(flat: Sequence[str]) -> dict[str, str]:
+    """A hash as HGETALL returns it inside a script: [field, value, field, value, ...]."""
+    return dict(zip(flat[::2], flat[1::2], strict=True))
+
+
+def encode_step(step: StepRecord) -> str:
+    return f"{step.seq} {1 if step.completed else 0} {json_text(step.output)}"
+
+
+def decode_steps(flat: Sequence[str]) -> dict[str, StepRecord]:
+    steps: dict[str, StepRecord] = {}
+    for name, stored in fields(flat).items():
+        seq, completed, output = stored.split(" ", 2)
+        steps[name] = StepRecord(
+            name=name, seq=int(seq), output=json.loads(output), completed=completed == "1"
+        )
+    return steps
+
+
+def _progress(stored: str | None) -> Progress | None:
+    if stored is None:
+        return None
+    done, total, note = json.loads(stored)
+    return Progress(done=done, total=total, note=note)
+
+
+def encode_progress(progress: Progress) -> str:
+    return json_text([progress.done, progress.total, progress.note])
+
+
+def _at(row: Mapping[str, str], field: str) -> datetime | None:
+    value = row.get(field)
+    return None if value is None else from_us(value)
+
+
+def read_row(row: Mapping[str, str]) -> JobRow:
+    return JobRow(
+        id=row["id"],
+        run_id=row["run_id"],
+        name=row["name"],
+        queue=row["queue"],
+        state=JobState(row["state"]),
+        input=json.loads(row["input"]),
+        idempotency_key=row["key"],
+        tenant_id=row.get("tenant"),
+        attempt=int(row["attempt"]),
+        max_attempts=int(row["max"]),
+        run_at=from_us(row["run_at"]),
+        created_at=from_us(row["created"]),
+        updated_at=from_us(row["updated"]),
+        finished_at=_at(row, "finished"),
+        last_error=row.get("error"),
+        progress=_progress(row.get("progress")),
+        worker_id=row.get("worker"),
+        lease_until=_at(row, "lease"),
+        enqueued_by=row.get("by"),
+        traceparent=row.get("trace"),
+    )
+
+
+def read_claimed(row: Mapping[str, str], steps: Sequence[str]) -> ClaimedJob:
+    return ClaimedJob(
+        id=row["id"],
+        run_id=row["run_id"],
+        name=row["name"],
+        queue=row["queue"],
+        input=json.loads(row["input"]),
+        idempotency_key=row["key"],
+        tenant_id=row.get("tenant"),
+        attempt=int(row["attempt"]),
+        max_attempts=int(row["max"]),
+        run_at=from_us(row["run_at"]),
+        created_at=from_us(row["created"]),
+        lease_until=from_us(row["lease"]),
+        claim=ClaimRef(row["worker"], row["claim"]),
+        steps=decode_steps(steps),
+        enqueued_by=row.get("by"),
+        traceparent=row.get("trace"),
+    )
+
+
+def read_exhausted(row: Mapping[str, str]) -> ExhaustedJob:
+    return ExhaustedJob(
+        id=row["id"],
+        run_id=row["run_id"],
+        name=row["name"],
+        queue=row["queue"],
+        input=json.loads(row["input"]),
+        tenant_id=row.get("tenant"),
+        attempt=int(row["attempt"]),
+        max_attempts=int(row["max"]),
+        state=JobState(row["state"]),
+    )
+
+
+def json_or_none(value: Any) -> JsonValue:
+    return None if value is None else json.loads(value)

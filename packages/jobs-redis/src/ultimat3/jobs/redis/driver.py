@@ -1,0 +1,298 @@
+"""The Redis driver: one Lua script per operation, every key of a namespace in one hash slot.
+
+Behaves exactly as the memory driver (the conformance suite holds both to one model); what is
+Redis-specific is how: each operation is one atomic script (``lua/*.lua``), due rows are found in
+per-queue sorted sets (never a scan), and settles and heartbeats that many tasks issue at once
+travel as one script call (``coalesce.py``), each row still fenced on its own claim.
+
+Time: every decision reads ``clock`` (sent to the scripts as "now"), so a frozen clock drives
+the driver in tests exactly as it drives the memory driver. Done rows and their steps expire
+``done_ttl`` after they finished; dead, failed and cancelled rows are kept.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Collection, Mapping, Sequence
+from datetime import timedelta
+from typing import Any
+
+from redis.asyncio import Redis
+from ultimat3.jobs.core.clock import SYSTEM_CLOCK, Clock
+from ultimat3.jobs.core.durations import Duration, parse_duration
+from ultimat3.jobs.core.errors import DriverUnavailableError, InvariantError
+from ultimat3.jobs.core.ids import new_id
+from ultimat3.jobs.core.model import (
+    LEASE_LAPSED_FINAL_ATTEMPT,
+    AckOptions,
+    ClaimRef,
+    Enqueued,
+    EnqueueRequest,
+    JobState,
+    NackOptions,
+    QueueStats,
+    StepRecord,
+)
+from ultimat3.jobs.core.nack import nack_counter, nack_state
+from ultimat3.jobs.core.protocol import ClaimBatch
+
+from .backfills import RedisBackfillLedger
+from .coalesce import Coalescer
+from .codec import (
+    encode_step,
+    fields,
+    from_us,
+    json_text,
+    live_key,
+    optional,
+    read_claimed,
+    read_exhausted,
+    to_us,
+)
+from .events import RedisEventBus
+from .introspect import RedisIntrospection
+from .keys import DEFAULT_PREFIX, namespace_base
+from .leases import RedisLeaseStore
+from .namespace import Namespace
+
+__all__ = ["DEFAULT_DONE_TTL", "RedisJobDriver", "redis_job_driver"]
+
+DEFAULT_DONE_TTL = timedelta(days=7)
+_ENQUEUE_CHUNK = 500
+"""Rows per enqueue script call: long enough to amortise the round trip, short enough that one
+call never holds the server for more than a few milliseconds."""
+
+_STATES = (
+    JobState.READY,
+    JobState.DELAYED,
+    JobState.RUNNING,
+    JobState.SUSPENDED,
+    JobState.DONE,
+    JobState.FAILED,
+    JobState.DEAD,
+    JobState.CANCELLED,
+)
+"""The order ``stats.lua`` answers its counts in (``STATES`` in the prelude)."""
+
+_Settle = tuple[str, str, str, str, str, str, str, str, str]
+_Renewal = tuple[str, str, str, str]
+
+
+class RedisJobDriver:
+    def __init__(
+        self,
+        client: Redis,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        clock: Clock = SYSTEM_CLOCK,
+        done_ttl: Duration = DEFAULT_DONE_TTL,
+        owns_client: bool = False,
+    ) -> None:
+        ttl = parse_duration(done_ttl, field="done_ttl")
+        if ttl < 0:
+            raise InvariantError(
+                f"done_ttl={done_ttl!r} is negative; pass a duration, or 0 to keep done rows",
+                meta={"done_ttl": ttl},
+            )
+        _require_text_responses(client)
+        self._ns = Namespace(client, base=namespace_base(prefix), clock=clock, done_ttl_s=ttl)
+        self._owns_client = owns_client
+        self.prefix = prefix
+        self._settles: Coalescer[_Settle, bool] = Coalescer(self._settle_batch)
+        self._renewals: Coalescer[_Renewal, bool] = Coalescer(self._renew_batch)
+        self._introspect = RedisIntrospection(self._ns)
+        self._leases = RedisLeaseStore(self._ns)
+        self._backfills = RedisBackfillLedger(self._ns)
+        self._events = RedisEventBus(self._ns)
+
+    @property
+    def client(self) -> Redis:
+        return self._ns.client
+
+    @property
+    def clock(self) -> Clock:
+        return self._ns.clock
+
+    @property
+    def introspect(self) -> RedisIntrospection:
+        return self._introspect
+
+    @property
+    def leases(self) -> RedisLeaseStore:
+        return self._leases
+
+    @property
+    def backfills(self) -> RedisBackfillLedger:
+        return self._backfills
+
+    @property
+    def events(self) -> RedisEventBus:
+        return self._events
+
+    @property
+    def wake_channel(self) -> str:
+        """The pub/sub channel enqueues announce their queue on (see ``wake.py``)."""
+        return self._ns.key("wake")
+
+    def __repr__(self) -> str:
+        return f"RedisJobDriver(prefix={self.prefix!r})"
+
+    # -- enqueue ----------------------------------------------------------------------------
+
+    async def enqueue(self, request: EnqueueRequest) -> Enqueued:
+        return (await self._enqueue_chunk([request]))[0]
+
+    async def enqueue_many(self, requests: Sequence[EnqueueRequest]) -> list[Enqueued]:
+        answers: list[Enqueued] = []
+        for start in range(0, len(requests), _ENQUEUE_CHUNK):
+            answers += await self._enqueue_chunk(requests[start : start + _ENQUEUE_CHUNK])
+        return answers
+
+    async def _enqueue_chunk(self, requests: Sequence[EnqueueRequest]) -> list[Enqueued]:
+        args: list[str] = [str(len(requests))]
+        for request in requests:
+            args += (
+                request.id,
+                request.run_id,
+                request.name,
+                request.queue,
+                json_text(request.input),
+                request.idempotency_key,
+                optional(request.tenant_id),
+                str(request.max_attempts),
+                to_us(request.run_at),
+                optional(request.enqueued_by),
+                optional(request.traceparent),
+                live_key(request.name, request.tenant_id, request.idempotency_key),
+            )
+        answers = await self._ns.call("enqueue", *args)
+        return [Enqueued(job_id, run_id, bool(deduped)) for job_id, run_id, deduped in answers]
+
+    # -- claim ------------------------------------------------------------------------------
+
+    async def claim(
+        self,
+        *,
+        worker_id: str,
+        slots: Mapping[str, int],
+        visibility_timeout: float,
+        drop_exhausted: Collection[str] = (),
+    ) -> ClaimBatch:
+        now = self._ns.clock.now()
+        lease_until = now + timedelta(seconds=visibility_timeout)
+        args: list[str] = [
+            worker_id,
+            new_id(),
+            to_us(lease_until),
+            LEASE_LAPSED_FINAL_ATTEMPT,
+            str(len(slots)),
+        ]
+        for queue, free in slots.items():
+            args += (queue, str(free))
+        args.append(str(len(drop_exhausted)))
+        args += drop_exhausted
+        claimed, exhausted = await self._ns.call("claim", *args, now=now)
+        return ClaimBatch(
+            jobs=[read_claimed(fields(row), steps) for row, steps in claimed],
+            exhausted=[read_exhausted(fields(row)) for row in exhausted],
+        )
+
+    # -- settles and renewals, coalesced ------------------------------------------------------
+
+    async def ack(self, job_id: str, options: AckOptions) -> bool:
+        duration = "" if options.duration_ms is None else str(options.duration_ms)
+        return await self._settles.submit(
+            (job_id, options.worker_id, options.claim, "done", "done", duration, "", "", "1")
+        )
+
+    async def nack(self, job_id: str, options: NackOptions) -> bool:
+        target = nack_state(options)
+        run_at = ""
+        if target in (JobState.READY, JobState.SUSPENDED):
+            run_at = to_us(options.run_at or self._ns.clock.now())
+        return await self._settles.submit(
+            (
+                job_id,
+                options.worker_id,
+                options.claim,
+                target.value,
+                nack_counter(options) or "",
+                "" if options.duration_ms is None else str(options.duration_ms),
+                optional(options.error),
+                run_at,
+                "1" if options.count_attempt else "0",
+            )
+        )
+
+    async def _settle_batch(self, batch: Sequence[_Settle]) -> list[bool]:
+        args = [str(len(batch))]
+        for settle in batch:
+            args += settle
+        return [bool(landed) for landed in await self._ns.call("settle", *args)]
+
+    async def heartbeat(self, job_id: str, ref: ClaimRef, visibility_timeout: float) -> bool:
+        lease_until = self._ns.clock.now() + timedelta(seconds=visibility_timeout)
+        return await self._renewals.submit((job_id, ref.worker_id, ref.claim, to_us(lease_until)))
+
+    async def _renew_batch(self, batch: Sequence[_Renewal]) -> list[bool]:
+        args = [str(len(batch))]
+        for renewal in batch:
+            args += renewal
+        return [bool(landed) for landed in await self._ns.call("heartbeat", *args)]
+
+    async def save_step(self, job_id: str, ref: ClaimRef, run_id: str, step: StepRecord) -> bool:
+        landed = await self._ns.call(
+            "save_step", job_id, ref.worker_id, ref.claim, run_id, step.name, encode_step(step)
+        )
+        return bool(landed)
+
+    # -- reading ----------------------------------------------------------------------------
+
+    async def stats(self) -> list[QueueStats]:
+        stats = []
+        for queue, counts, oldest in await self._ns.call("stats"):
+            per_state = {state.value: count for state, count in zip(_STATES, counts, strict=True)}
+            oldest_at = None if oldest is None else from_us(oldest)
+            stats.append(QueueStats.from_counts(queue, per_state, oldest_at))
+        return sorted(stats, key=lambda s: s.queue)
+
+    async def close(self) -> None:
+        await self._settles.drain()
+        await self._renewals.drain()
+        if self._owns_client:
+            await self._ns.client.aclose()
+
+
+def _require_text_responses(client: Redis) -> None:
+    if not client.connection_pool.connection_kwargs.get("decode_responses"):
+        raise InvariantError(
+            "the Redis client must decode responses to str; build it with "
+            "redis.asyncio.Redis.from_url(url, decode_responses=True), or pass url= instead",
+            meta={"decode_responses": False},
+        )
+
+
+def redis_job_driver(
+    client: Redis | None = None,
+    *,
+    url: str | None = None,
+    prefix: str = DEFAULT_PREFIX,
+    clock: Clock = SYSTEM_CLOCK,
+    done_ttl: Duration = DEFAULT_DONE_TTL,
+    **client_options: Any,
+) -> RedisJobDriver:
+    """A driver on Redis: the ``client`` given, else one for ``url``, else for ``REDIS_URL``.
+
+    ``prefix`` names the namespace (every key is ``{prefix}:…``); ``done_ttl`` is how long a done
+    row and its steps are kept (0 keeps them). A client the driver built is closed by ``close()``.
+    """
+    if client is not None:
+        return RedisJobDriver(client, prefix=prefix, clock=clock, done_ttl=done_ttl)
+    target = url or os.environ.get("REDIS_URL")
+    if not target:
+        raise DriverUnavailableError(
+            "no Redis to connect to: pass url= or client=, or set REDIS_URL "
+            "(e.g. REDIS_URL=redis://127.0.0.1:6379/0)"
+        )
+    built = Redis.from_url(target, decode_responses=True, **client_options)
+    return RedisJobDriver(built, prefix=prefix, clock=clock, done_ttl=done_ttl, owns_client=True)

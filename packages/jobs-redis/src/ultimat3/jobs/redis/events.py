@@ -1,0 +1,96 @@
+"""The event bus on Redis, on ONE clock: the server's ``TIME``.
+
+``step.wait_for_event`` stamps "when I asked" with ``now()`` and matches events published at or
+after it; both stamps come from the server, so two workers whose clocks disagree still agree on
+which answers count. This is the one part of the driver that does not read the driver's clock.
+An event is a hash that expires on that same clock; ``purge_expired()`` (and every publish, a
+hundred at a time) drops the index entries of expired events, so the bus stays bounded.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from datetime import datetime
+from typing import cast
+
+from ultimat3.jobs.core.constants import DEFAULT_EVENT_TTL_S
+from ultimat3.jobs.core.ids import new_id
+from ultimat3.jobs.core.jsonvalue import json_contains, json_roundtrip
+from ultimat3.jobs.core.model import EventRecord, JsonValue
+
+from .codec import from_us, json_text, to_us
+from .namespace import Namespace
+
+__all__ = ["RedisEventBus"]
+
+_PAGE = 100
+_PURGE_CHUNK = 1000
+
+
+class RedisEventBus:
+    def __init__(self, ns: Namespace) -> None:
+        self._ns = ns
+
+    async def publish(
+        self, event: str, payload: JsonValue, *, ttl: float | None = None
+    ) -> EventRecord:
+        stored = json_roundtrip(payload)
+        event_id = new_id()
+        seconds = DEFAULT_EVENT_TTL_S if ttl is None else ttl
+        published, expires = await self._ns.call(
+            "events",
+            "publish",
+            event_id,
+            event,
+            json_text(stored),
+            str(round(seconds * 1_000_000)),
+        )
+        return EventRecord(
+            id=event_id,
+            event=event,
+            payload=stored,
+            published_at=from_us(published),
+            expires_at=from_us(expires),
+        )
+
+    async def lookup(
+        self, event: str, *, since: datetime, match: Mapping[str, JsonValue] | None = None
+    ) -> EventRecord | None:
+        now = await self.now()
+        index = self._ns.key(f"evby:{event}")
+        offset = 0
+        while True:
+            ids = cast(
+                list[str],
+                await self._ns.client.zrangebyscore(
+                    index, to_us(since), "+inf", start=offset, num=_PAGE
+                ),
+            )
+            rows = await self._ns.hashes([f"ev:{event_id}" for event_id in ids])
+            for event_id, row in zip(ids, rows, strict=True):
+                if not row or from_us(row["expires"]) <= now:
+                    continue
+                payload = json.loads(row["payload"])
+                if match is None or json_contains(payload, match):
+                    return EventRecord(
+                        id=event_id,
+                        event=event,
+                        payload=payload,
+                        published_at=from_us(row["published"]),
+                        expires_at=from_us(row["expires"]),
+                    )
+            if len(ids) < _PAGE:
+                return None
+            offset += _PAGE
+
+    async def now(self) -> datetime:
+        return from_us(await self._ns.call("events", "now"))
+
+    async def purge_expired(self) -> int:
+        removed = 0
+        while True:
+            chunk = int(await self._ns.call("events", "purge", str(_PURGE_CHUNK)))
+            removed += chunk
+            if chunk < _PURGE_CHUNK:
+                return removed

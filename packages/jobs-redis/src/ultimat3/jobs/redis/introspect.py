@@ -1,0 +1,389 @@
+"""The operator surface on Redis: everything ``ujobs jobs …`` and a dashboard read or do.
+
+Single-row actions are one script each (``get``, ``remove``, ``requeue``, ``cancel``, ``promote``).
+Pages and bulk actions walk the state sets in (created_at, id) order (``paging.py``); a bulk
+action hands the ids it read to ``bulk.lua`` a chunk at a time, which re-checks every row, so no
+call holds the server for long however many rows a state holds.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+from collections.abc import AsyncIterator
+from datetime import datetime, timedelta
+from typing import Literal
+
+from ultimat3.jobs.core.constants import COUNTER_TIERS, MAX_BULK_ROWS, MAX_TASK_FIRES
+from ultimat3.jobs.core.counters import rollup
+from ultimat3.jobs.core.cursor import page_limit, parse_cursor
+from ultimat3.jobs.core.errors import (
+    JobDuplicateError,
+    JobNotFoundError,
+    JobNotPromotableError,
+    JobNotRemovableError,
+    JobNotRequeueableError,
+)
+from ultimat3.jobs.core.model import (
+    COUNTER_KINDS,
+    PROMOTABLE_STATES,
+    REQUEUEABLE_STATES,
+    BulkFilter,
+    BulkResult,
+    ClaimRef,
+    CounterBucket,
+    CounterTotals,
+    JobDetail,
+    JobFilter,
+    JobPage,
+    JobRow,
+    JobState,
+    Progress,
+    TaskFire,
+    WorkerInfo,
+)
+
+from .codec import decode_steps, encode_progress, fields, from_us, optional, read_row, to_us
+from .namespace import Namespace
+from .paging import Position, walk
+
+__all__ = ["RedisIntrospection"]
+
+_BULK_CHUNK = 500
+_ROLLUP_TRIES = 5
+_WIDTHS = {width for width, _ in COUNTER_TIERS}
+
+
+class RedisIntrospection:
+    def __init__(self, ns: Namespace) -> None:
+        self._ns = ns
+
+    # -- reading ---------------------------------------------------------------------------
+
+    async def _sources(self, state: JobState | None, queue: str | None) -> builtins.list[str]:
+        """The sorted sets holding exactly the rows a state/queue filter can match."""
+        states = [state.value] if state is not None else None
+        if states is None and queue is None:
+            return [self._ns.key("created")]
+        queues = [queue] if queue is not None else await self._ns.members("queues")
+        return [
+            self._ns.state_key(q, s)
+            for q in queues
+            for s in (states or [member.value for member in JobState])
+        ]
+
+    async def list(self, filter: JobFilter) -> JobPage:
+        limit = page_limit(filter)
+        direction: Literal["asc", "desc"] = "desc"
+        start: Position | None = None
+        if filter.after is not None:
+            at, job_id = parse_cursor(filter.after, which="after")
+            start = (int(to_us(at)), job_id)
+        elif filter.before is not None:
+            at, job_id = parse_cursor(filter.before, which="before")
+            start, direction = (int(to_us(at)), job_id), "asc"
+        sources = await self._sources(filter.state, filter.queue)
+        rows: builtins.list[JobRow] = []
+        positions = walk(self._ns, sources, direction=direction, start=start)
+        async for batch in _batches(positions, limit):
+            for row in await self._rows([job_id for _, job_id in batch]):
+                if _matches(row, filter):
+                    rows.append(row)
+                    if len(rows) == limit:
+                        break
+            if len(rows) == limit:
+                break
+        if direction == "asc":
+            rows.reverse()
+        return JobPage(rows=rows, limit=limit)
+
+    async def _rows(self, ids: builtins.list[str]) -> builtins.list[JobRow]:
+        """The rows still present among ``ids``, in order."""
+        rows = await self._ns.hashes([f"job:{job_id}" for job_id in ids])
+        return [read_row(row) for row in rows if row]
+
+    async def get(self, job_id: str) -> JobDetail | None:
+        found = await self._ns.call("get", job_id)
+        if found is None:
+            return None
+        row, steps = found
+        ordered = sorted(decode_steps(steps).values(), key=lambda step: step.seq)
+        return JobDetail(row=read_row(fields(row)), steps=ordered)
+
+    # -- one row -----------------------------------------------------------------------------
+
+    async def remove(self, job_id: str) -> bool:
+        removed = await self._ns.call("remove", job_id)
+        if removed == -1:
+            raise JobNotRemovableError(
+                f"job {job_id} is running; cancel it first (`ujobs jobs cancel {job_id}`)",
+                meta={"id": job_id},
+            )
+        return bool(removed)
+
+    async def requeue(self, job_id: str, *, from_step: str | None = None) -> JobRow:
+        answer = await self._ns.call("requeue", job_id, from_step or "")
+        verdict = answer[0]
+        if verdict == "missing":
+            raise _not_found(job_id)
+        if verdict == "live":
+            raise JobNotRequeueableError(
+                f"job {job_id} is {answer[1]}; only a finished job (done, failed, dead, "
+                "cancelled) can be requeued",
+                meta={"id": job_id, "state": answer[1]},
+            )
+        if verdict == "held":
+            raise JobDuplicateError(
+                f"a live job ({answer[1]}) holds this job's idempotency key; requeueing would run "
+                "the same work twice",
+                meta={"id": job_id, "existing_id": answer[1]},
+            )
+        if verdict == "no-step":
+            raise JobNotFoundError(
+                f"job {job_id} has no step {from_step!r}", meta={"id": job_id, "step": from_step}
+            )
+        return read_row(fields(answer[1]))
+
+    async def cancel(self, job_id: str, reason: str | None = None) -> JobRow | None:
+        error = f"cancelled: {reason}" if reason else "cancelled"
+        row = await self._ns.call("cancel", job_id, error)
+        return None if row is None else read_row(fields(row))
+
+    async def promote(self, job_id: str) -> JobRow:
+        answer = await self._ns.call("promote", job_id)
+        if answer[0] == "missing":
+            raise _not_found(job_id)
+        if answer[0] != "ok":
+            raise JobNotPromotableError(
+                f"job {job_id} is not waiting on its run time (state {answer[1]})",
+                meta={"id": job_id, "state": answer[1]},
+            )
+        return read_row(fields(answer[1]))
+
+    # -- many rows ---------------------------------------------------------------------------
+
+    async def _bulk(
+        self, action: Literal["requeue", "remove", "promote"], filter: BulkFilter
+    ) -> BulkResult:
+        sources = await self._sources(filter.state, filter.queue)
+        moved, left, free = 0, 0, set()
+        async for batch in _batches(walk(self._ns, sources, direction="asc"), _BULK_CHUNK):
+            answer = await self._ns.call(
+                "bulk",
+                action,
+                filter.state.value,
+                optional(filter.queue),
+                optional(filter.name),
+                optional(filter.tenant_id),
+                str(MAX_BULK_ROWS - moved),
+                *(job_id for _, job_id in batch),
+            )
+            moved += answer[0]
+            left += answer[1]
+            free.update(answer[2:])
+        return BulkResult(affected=moved, remaining=len(free) if action == "requeue" else left)
+
+    async def requeue_many(self, filter: BulkFilter) -> BulkResult:
+        if filter.state not in REQUEUEABLE_STATES:
+            raise JobNotRequeueableError(
+                f"requeue_many moves finished rows; {filter.state.value} is live",
+                meta={"state": filter.state.value},
+            )
+        return await self._bulk("requeue", filter)
+
+    async def remove_many(self, filter: BulkFilter) -> BulkResult:
+        if filter.state is JobState.RUNNING:
+            raise JobNotRemovableError(
+                "running rows cannot be removed; cancel them first", meta={"state": "running"}
+            )
+        return await self._bulk("remove", filter)
+
+    async def promote_many(self, filter: BulkFilter) -> BulkResult:
+        if filter.state not in PROMOTABLE_STATES:
+            raise JobNotPromotableError(
+                f"promote_many moves delayed or ready rows, not {filter.state.value}",
+                meta={"state": filter.state.value},
+            )
+        return await self._bulk("promote", filter)
+
+    # -- pauses --------------------------------------------------------------------------------
+
+    async def pause_queue(self, queue: str) -> None:
+        await self._ns.client.sadd(self._ns.key("paused"), queue)
+
+    async def resume_queue(self, queue: str) -> None:
+        await self._ns.call("resume_queue", queue)
+
+    async def paused_queues(self) -> builtins.list[str]:
+        return await self._ns.members("paused")
+
+    async def pause_task(self, task: str) -> None:
+        await self._ns.client.sadd(self._ns.key("pausedtasks"), task)
+
+    async def resume_task(self, task: str) -> None:
+        await self._ns.client.srem(self._ns.key("pausedtasks"), task)
+
+    async def paused_tasks(self) -> builtins.list[str]:
+        return await self._ns.members("pausedtasks")
+
+    # -- workers, progress, counters, task fires ----------------------------------------------
+
+    async def workers(self) -> builtins.list[WorkerInfo]:
+        return _workers(await self._ns.call("workers", ""))
+
+    async def record_worker(self, info: WorkerInfo, *, ttl: float) -> None:
+        now = self._ns.clock.now()
+        row = {
+            "id": info.id,
+            "host": info.host,
+            "started_at": to_us(info.started_at),
+            "queues": list(info.queues),
+            "slots": dict(info.slots),
+            "in_flight": list(info.in_flight),
+            "last_heartbeat": to_us(info.last_heartbeat),
+        }
+        expires = to_us(now + timedelta(seconds=ttl))
+        await self._ns.call("record_worker", info.id, json.dumps(row), expires, now=now)
+
+    async def remove_worker(self, worker_id: str) -> None:
+        await self._ns.call("workers", worker_id)
+
+    async def record_progress(self, job_id: str, ref: ClaimRef, progress: Progress) -> bool:
+        landed = await self._ns.call(
+            "progress", job_id, ref.worker_id, ref.claim, encode_progress(progress)
+        )
+        return bool(landed)
+
+    async def _buckets(self, name: str) -> tuple[dict[str, str], builtins.list[CounterBucket]]:
+        stored = await self._ns.hash(f"ctr:{name}")
+        return stored, _read_buckets(name, stored)
+
+    async def counters(self, job: str, *, since: datetime) -> builtins.list[CounterBucket]:
+        _, buckets = await self._buckets(job)
+        return sorted(
+            (b for b in buckets if b.start + timedelta(seconds=b.width_s) > since),
+            key=lambda b: (b.start, b.width_s),
+        )
+
+    async def counter_totals(self, *, since: datetime) -> builtins.list[CounterTotals]:
+        totals: dict[str, CounterTotals] = {}
+        for name in await self._ns.members("ctrnames"):
+            _, buckets = await self._buckets(name)
+            for bucket in buckets:
+                if bucket.start + timedelta(seconds=bucket.width_s) <= since:
+                    continue
+                held = totals.get(name) or CounterTotals(name=name)
+                totals[name] = held.merged(bucket)
+        return sorted(totals.values(), key=lambda t: t.name)
+
+    async def rollup_counters(self) -> None:
+        for name in await self._ns.members("ctrnames"):
+            for _ in range(_ROLLUP_TRIES):
+                stored, buckets = await self._buckets(name)
+                folded = _write_buckets(rollup(buckets, self._ns.clock.now()))
+                changed = {f: v for f, v in folded.items() if stored.get(f) != v}
+                changed.update({f: "" for f in stored if f not in folded})
+                if not changed:
+                    break
+                args: builtins.list[str] = [name, str(len(changed))]
+                for field in changed:
+                    args += (field, stored.get(field, ""))
+                for field, value in changed.items():
+                    args += (field, value)
+                if await self._ns.call("counters_swap", *args):
+                    break
+
+    async def task_fires(self) -> builtins.list[TaskFire]:
+        stored = await self._ns.hash("taskfires")
+        fires = []
+        for task, value in stored.items():
+            occurrence, fired = value.split(" ")
+            fires.append(TaskFire(task, int(occurrence), from_us(fired)))
+        return sorted(fires, key=lambda f: f.task)[:MAX_TASK_FIRES]
+
+    async def record_task_fire(self, task: str, occurrence_ms: int) -> None:
+        await self._ns.call("task_fire", task, str(occurrence_ms))
+
+
+async def _batches(
+    positions: AsyncIterator[Position], size: int
+) -> AsyncIterator[builtins.list[Position]]:
+    batch: builtins.list[Position] = []
+    async for position in positions:
+        batch.append(position)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def _not_found(job_id: str) -> JobNotFoundError:
+    return JobNotFoundError(
+        f"no job {job_id!r} in the queue; list them with `ujobs jobs list --json`",
+        meta={"id": job_id},
+    )
+
+
+def _matches(row: JobRow, filter: JobFilter) -> bool:
+    return (
+        (filter.queue is None or row.queue == filter.queue)
+        and (filter.name is None or row.name == filter.name)
+        and (filter.state is None or row.state is filter.state)
+        and (filter.tenant_id is None or row.tenant_id == filter.tenant_id)
+        and (filter.id_prefix is None or row.id.startswith(filter.id_prefix))
+        and (filter.created_from is None or row.created_at >= filter.created_from)
+        and (filter.created_to is None or row.created_at < filter.created_to)
+    )
+
+
+def _workers(flat: builtins.list[str]) -> builtins.list[WorkerInfo]:
+    infos = []
+    for stored in fields(flat).values():
+        row = json.loads(stored)
+        infos.append(
+            WorkerInfo(
+                id=row["id"],
+                host=row["host"],
+                started_at=from_us(row["started_at"]),
+                queues=row["queues"],
+                slots=row["slots"],
+                in_flight=row["in_flight"],
+                last_heartbeat=from_us(row["last_heartbeat"]),
+            )
+        )
+    return sorted(infos, key=lambda w: w.id)
+
+
+def _read_buckets(name: str, stored: dict[str, str]) -> builtins.list[CounterBucket]:
+    """Buckets from counter fields ``<width>:<start seconds>:<kind or ms>``."""
+    grouped: dict[tuple[int, int], dict[str, int]] = {}
+    for field, value in stored.items():
+        width, start, kind = field.split(":")
+        grouped.setdefault((int(width), int(start)), {})[kind] = int(value)
+    return [
+        CounterBucket(
+            name=name,
+            start=from_us(start * 1_000_000),
+            width_s=width,
+            done=counts.get("done", 0),
+            retried=counts.get("retried", 0),
+            failed=counts.get("failed", 0),
+            dead=counts.get("dead", 0),
+            duration_ms=counts.get("ms", 0),
+        )
+        for (width, start), counts in grouped.items()
+        if width in _WIDTHS
+    ]
+
+
+def _write_buckets(buckets: builtins.list[CounterBucket]) -> dict[str, str]:
+    stored: dict[str, str] = {}
+    for bucket in buckets:
+        prefix = f"{bucket.width_s}:{int(bucket.start.timestamp())}"
+        for kind in COUNTER_KINDS:
+            if getattr(bucket, kind):
+                stored[f"{prefix}:{kind}"] = str(getattr(bucket, kind))
+        if bucket.duration_ms:
+            stored[f"{prefix}:ms"] = str(bucket.duration_ms)
+    return stored

@@ -1,0 +1,73 @@
+"""The key space of one queue namespace, and the cluster slot a key lands in.
+
+Every key of a namespace starts with ``{<prefix>}:``. Redis Cluster hashes only the text inside
+the first ``{…}`` of a key, so all of them share ONE slot: a script may touch any of them
+atomically, on a single server or a cluster alike. The scripts build their keys from the base
+passed as ``KEYS[1]`` (see ``lua/prelude.lua`` for the full list, each with what it holds).
+
+==========================  ======  ==========================================================
+key (after the base)        type    holds
+==========================  ======  ==========================================================
+``job:<id>``                hash    one row
+``steps:<run id>``          hash    the run's steps, name -> "<seq> <completed> <output json>"
+``live``                    hash    live key -> id of the live row holding it
+``created``                 zset    every row by created_at (the ``list()`` order)
+``queues``                  set     queues holding at least one row
+``runs``                    hash    run id -> rows naming it
+``q:<queue>:s:<state>``     zset    the queue's rows in one state, by created_at
+``q:<queue>:due``           zset    ready, delayed and suspended rows, by run_at
+``q:<queue>:lease``         zset    running rows, by lease_until
+``q:<queue>:expiry``        zset    done rows, by finished_at (only with a done TTL)
+``q:<queue>:woken``         string  a wake is out for the queue and no claim has read it yet
+``paused`` / ``pausedtasks`` set     paused queues / tasks
+``ctr:<job>`` / ``ctrnames`` hash    counter buckets of one job / names having any
+``workers`` / ``workers:exp`` hash   live worker rows / their expiry
+``taskfires``               hash    task -> "<occurrence ms> <fired_at>"
+``lease:<key>``             hash    fleet slots: holder -> "<expires> <order>"
+``backfill:<run id>``       hash    one ledger row; ``backfills`` orders them
+``ev:<id>`` / ``evby:<event>`` / ``evexpiry``  the event bus
+``wake``                    channel the queue names announced to idle workers
+==========================  ======  ==========================================================
+"""
+
+from __future__ import annotations
+
+from ultimat3.jobs.core.errors import InvariantError
+
+__all__ = ["DEFAULT_PREFIX", "hash_slot", "namespace_base"]
+
+DEFAULT_PREFIX = "ujobs"
+CLUSTER_SLOTS = 16384
+
+
+def namespace_base(prefix: str) -> str:
+    """``{prefix}:`` — the start of every key of the namespace."""
+    if not prefix or "{" in prefix or "}" in prefix:
+        raise InvariantError(
+            f"prefix={prefix!r} must be a non-empty name without braces; the driver wraps it "
+            "in {} itself so every key of the namespace shares one cluster slot",
+            meta={"prefix": prefix},
+        )
+    return "{" + prefix + "}:"
+
+
+def _crc16(data: bytes) -> int:
+    """CRC-16/XMODEM, the checksum Redis Cluster slots keys by."""
+    crc = 0
+    for byte in data:
+        crc ^= byte << 8
+        for _ in range(8):
+            crc = ((crc << 1) ^ 0x1021) if crc & 0x8000 else crc << 1
+            crc &= 0xFFFF
+    return crc
+
+
+def hash_slot(key: str | bytes) -> int:
+    """The cluster slot of ``key``: the CRC16 of its first non-empty ``{tag}``, else of it all."""
+    raw = key.encode() if isinstance(key, str) else key
+    start = raw.find(b"{")
+    if start != -1:
+        end = raw.find(b"}", start + 1)
+        if end > start + 1:
+            raw = raw[start + 1 : end]
+    return _crc16(raw) % CLUSTER_SLOTS

@@ -1,0 +1,82 @@
+-- claim: hand out due rows of the asked queues, each under a fresh claim token.
+-- ARGV[4] worker id, ARGV[5] claim token base, ARGV[6] lease_until, ARGV[7] the last_error of a
+-- buried row, ARGV[8] = how many queues, then (queue, free slots) pairs, then how many names
+-- are in drop_exhausted, then those names.
+-- Answers {claimed, exhausted}: claimed rows as {row fields, step fields}, buried rows as their
+-- fields after the burial.
+--
+-- Guarantees (atomic): per queue in the order asked, skipping paused queues, up to `free` rows
+-- due now (ready, delayed or suspended with run_at <= now; running rows whose lease lapsed) in
+-- (run_at, id) order each become running with attempt + 1. A lapsed row already at its last
+-- attempt is never handed out: it is buried dead (failed when its name is in drop_exhausted),
+-- counted, and reported once. Reads two sorted sets per queue, never a scan.
+local SWEEP_LIMIT = 200
+local worker, base, lease_until, lapsed_error = ARGV[4], ARGV[5], ARGV[6], ARGV[7]
+local nq = tonumber(ARGV[8])
+local drop = {}
+local nd_at = 9 + nq * 2
+for i = 1, tonumber(ARGV[nd_at]) do drop[ARGV[nd_at + i]] = true end
+
+local function before(x, y)
+  if x[1] ~= y[1] then return x[1] < y[1] end
+  return bytes_lt(x[2], y[2])
+end
+
+local claimed, exhausted = {}, {}
+local seq = 0
+
+local function take(row)
+  local jk = k_job(row.id)
+  redis.call('HINCRBY', jk, 'attempt', 1)
+  move(row, 'running')
+  seq = seq + 1
+  redis.call('HSET', jk, 'worker', worker, 'claim', base .. '.' .. seq, 'lease', lease_until)
+  redis.call('ZADD', k_lease(row.queue), lease_until, row.id)
+  claimed[#claimed + 1] = {redis.call('HGETALL', jk), redis.call('HGETALL', k_steps(row.run_id))}
+end
+
+local function bury(row, name)
+  local jk = k_job(row.id)
+  local kind = 'dead'
+  if drop[name] then kind = 'failed' end
+  redis.call('HSET', jk, 'error', lapsed_error)
+  move(row, kind)
+  count(name, kind, nil)
+  exhausted[#exhausted + 1] = redis.call('HGETALL', jk)
+end
+
+for qi = 0, nq - 1 do
+  local q, free = ARGV[9 + qi * 2], tonumber(ARGV[10 + qi * 2])
+  if free > 0 and redis.call('SISMEMBER', K_PAUSED, q) == 0 then
+    redis.call('DEL', k_woken(q))
+    sweep(q, SWEEP_LIMIT)
+    local due = redis.call('ZRANGEBYSCORE', k_due(q), '-inf', NOW, 'WITHSCORES', 'LIMIT', 0, free)
+    local lapsed = {}
+    for _, id in ipairs(redis.call('ZRANGEBYSCORE', k_lease(q), '-inf', NOW)) do
+      lapsed[#lapsed + 1] = {tonumber(redis.call('HGET', k_job(id), 'run_at')), id}
+    end
+    table.sort(lapsed, before)
+    local i, j, taken = 1, 1, 0
+    while taken < free do
+      local d, l = nil, lapsed[j]
+      if due[i] then d = {tonumber(due[i + 1]), due[i]} end
+      if not d and not l then break end
+      if l and (not d or before(l, d)) then
+        j = j + 1
+        local row = load(l[2])
+        local f = redis.call('HMGET', k_job(l[2]), 'attempt', 'max', 'name')
+        if tonumber(f[1]) >= tonumber(f[2]) then
+          bury(row, f[3])
+        else
+          take(row)
+          taken = taken + 1
+        end
+      else
+        i = i + 2
+        take(load(d[2]))
+        taken = taken + 1
+      end
+    end
+  end
+end
+return {claimed, exhausted}

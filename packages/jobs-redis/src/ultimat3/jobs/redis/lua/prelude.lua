@@ -1,0 +1,192 @@
+-- Shared by every script: prepended to each one before it is loaded (see scripts.py).
+--
+-- Conventions every script keeps:
+--   KEYS[1] is the namespace base, "{<prefix>}:". Every key a script touches is built from it, so
+--   every key carries the same {hash tag} and lands in ONE cluster slot.
+--   ARGV[1] is now in microseconds since the epoch on the DRIVER's clock, ARGV[2] the done-row
+--   TTL in microseconds ("0": kept), ARGV[3] the counter field prefix of now's 1-minute bucket.
+--   Times are integer microseconds kept as STRINGS in hashes (Lua's tostring would round them);
+--   they are compared with tonumber(), exact below 2^53 (the year 2255).
+--   Job inputs, step outputs and progress are JSON written by Python and never decoded here.
+
+local B = KEYS[1]
+local NOW = ARGV[1]
+local NOW_N = tonumber(ARGV[1])
+local DONE_TTL = tonumber(ARGV[2])
+local CTR_BUCKET = ARGV[3]
+
+local K_LIVE = B .. 'live'          -- hash: live key -> id of the live row holding it
+local K_CREATED = B .. 'created'    -- zset: every row, score created_at, so (created_at, id) order
+local K_QUEUES = B .. 'queues'      -- set: queues holding at least one row
+local K_RUNS = B .. 'runs'          -- hash: run id -> rows sharing it (steps go with the last)
+local K_PAUSED = B .. 'paused'      -- set: paused queues, read by the claim itself
+local K_CTR_NAMES = B .. 'ctrnames' -- set: job names with counter buckets
+local K_WAKE = B .. 'wake'          -- pub/sub channel: the queue name of a row worth waking for
+
+local STATES = {'ready', 'delayed', 'running', 'suspended', 'done', 'failed', 'dead', 'cancelled'}
+local LIVE = {ready = true, delayed = true, running = true, suspended = true}
+local DUE = {ready = true, delayed = true, suspended = true}
+local WAKE_HOLD_MS = 1000
+
+local function k_job(id) return B .. 'job:' .. id end
+local function k_steps(run) return B .. 'steps:' .. run end
+local function k_ctr(name) return B .. 'ctr:' .. name end
+-- Per queue: one zset per state (score created_at), the due index (score run_at), the lease
+-- index (score lease_until), the expiry index of done rows (score finished_at) and the wake flag.
+local function k_state(q, s) return B .. 'q:' .. q .. ':s:' .. s end
+local function k_due(q) return B .. 'q:' .. q .. ':due' end
+local function k_lease(q) return B .. 'q:' .. q .. ':lease' end
+local function k_expiry(q) return B .. 'q:' .. q .. ':expiry' end
+local function k_woken(q) return B .. 'q:' .. q .. ':woken' end
+
+-- Byte order, as Python compares str and a sorted set orders members (Lua's < uses strcoll).
+local function bytes_lt(a, b)
+  local n = math.min(#a, #b)
+  for i = 1, n do
+    local x, y = string.byte(a, i), string.byte(b, i)
+    if x ~= y then return x < y end
+  end
+  return #a < #b
+end
+
+-- An expiry member names the row AND its run, so a row whose hash already expired is still
+-- swept cleanly (its run's step count is released too).
+local function expiry_member(id, run) return #id .. ':' .. id .. run end
+local function expiry_parse(member)
+  local n, rest = string.match(member, '^(%d+):(.*)$')
+  n = tonumber(n)
+  return string.sub(rest, 1, n), string.sub(rest, n + 1)
+end
+
+local function count(name, kind, duration)
+  redis.call('HINCRBY', k_ctr(name), CTR_BUCKET .. ':' .. kind, 1)
+  if duration ~= nil and duration ~= '' and tonumber(duration) ~= 0 then
+    redis.call('HINCRBY', k_ctr(name), CTR_BUCKET .. ':ms', duration)
+  end
+  redis.call('SADD', K_CTR_NAMES, name)
+end
+
+-- Change a row's state, keeping every index true. `row` holds id, queue, created, lk, run_id,
+-- state (the state it is leaving) and run_at (written, and the due score, when `to` is a due
+-- state).
+local function move(row, to)
+  local id, q, from = row.id, row.queue, row.state
+  local jk = k_job(id)
+  if from ~= to then
+    redis.call('ZREM', k_state(q, from), id)
+    redis.call('ZADD', k_state(q, to), row.created, id)
+  end
+  if DUE[to] then
+    redis.call('ZADD', k_due(q), row.run_at, id)
+  elseif DUE[from] then
+    redis.call('ZREM', k_due(q), id)
+  end
+  if from == 'running' and to ~= 'running' then
+    redis.call('ZREM', k_lease(q), id)
+    redis.call('HDEL', jk, 'worker', 'claim', 'lease')
+  end
+  if from == 'done' and to ~= 'done' then
+    redis.call('ZREM', k_expiry(q), expiry_member(id, row.run_id))
+    redis.call('PERSIST', jk)
+    redis.call('PERSIST', k_steps(row.run_id))
+  end
+  if LIVE[from] and not LIVE[to] then
+    if redis.call('HGET', K_LIVE, row.lk) == id then redis.call('HDEL', K_LIVE, row.lk) end
+  elseif LIVE[to] and not LIVE[from] then
+    redis.call('HSET', K_LIVE, row.lk, id)
+  end
+  if DUE[to] then
+    redis.call('HSET', jk, 'state', to, 'updated', NOW, 'run_at', row.run_at)
+  elseif LIVE[to] then
+    redis.call('HSET', jk, 'state', to, 'updated', NOW)
+  else
+    redis.call('HSET', jk, 'state', to, 'updated', NOW, 'finished', NOW)
+  end
+  if to == 'done' and DONE_TTL > 0 then
+    -- The sweep below removes the row on the driver's clock; the key TTL (server time) is the
+    -- backstop that frees the row even if no driver ever touches this queue again.
+    local ttl_ms = math.floor(DONE_TTL / 1000)
+    redis.call('ZADD', k_expiry(q), NOW, expiry_member(id, row.run_id))
+    redis.call('PEXPIRE', jk, ttl_ms)
+    if tonumber(redis.call('HGET', K_RUNS, row.run_id) or '0') <= 1 then
+      redis.call('PEXPIRE', k_steps(row.run_id), ttl_ms)
+    end
+  end
+  row.state = to
+end
+
+-- The row fields `move` needs, or nil when the row does not exist.
+local function load(id)
+  local f = redis.call('HMGET', k_job(id), 'state', 'queue', 'created', 'lk', 'run_id', 'run_at')
+  if not f[1] then return nil end
+  return {id = id, state = f[1], queue = f[2], created = f[3], lk = f[4], run_id = f[5],
+          run_at = f[6]}
+end
+
+-- Release one row's share of its run: the steps go when no row names the run any more.
+local function release_run(run)
+  if redis.call('HINCRBY', K_RUNS, run, -1) <= 0 then
+    redis.call('HDEL', K_RUNS, run)
+    redis.call('DEL', k_steps(run))
+  end
+end
+
+local function forget_queue_if_empty(q)
+  local keys = {}
+  for i, s in ipairs(STATES) do keys[i] = k_state(q, s) end
+  if redis.call('EXISTS', unpack(keys)) == 0 then redis.call('SREM', K_QUEUES, q) end
+end
+
+-- Delete one row (any state) and everything that indexes it.
+local function drop(row)
+  local id, q = row.id, row.queue
+  redis.call('ZREM', k_state(q, row.state), id)
+  redis.call('ZREM', k_due(q), id)
+  redis.call('ZREM', k_lease(q), id)
+  redis.call('ZREM', k_expiry(q), expiry_member(id, row.run_id))
+  redis.call('ZREM', K_CREATED, id)
+  if LIVE[row.state] and redis.call('HGET', K_LIVE, row.lk) == id then
+    redis.call('HDEL', K_LIVE, row.lk)
+  end
+  redis.call('DEL', k_job(id))
+  release_run(row.run_id)
+  forget_queue_if_empty(q)
+end
+
+-- Remove up to `limit` done rows of queue `q` whose TTL passed on the driver's clock. Called by
+-- every claim and settle that touches the queue, so expired rows go at least as fast as new
+-- ones finish; a row whose hash the backstop TTL already removed is swept the same way.
+local function sweep(q, limit)
+  if DONE_TTL <= 0 then return end
+  local cutoff = string.format('%d', NOW_N - DONE_TTL)
+  local members = redis.call('ZRANGEBYSCORE', k_expiry(q), '-inf', cutoff, 'LIMIT', 0, limit)
+  for _, member in ipairs(members) do
+    local id, run = expiry_parse(member)
+    redis.call('ZREM', k_expiry(q), member)
+    redis.call('ZREM', k_state(q, 'done'), id)
+    redis.call('ZREM', K_CREATED, id)
+    redis.call('DEL', k_job(id))
+    release_run(run)
+  end
+  if #members > 0 then forget_queue_if_empty(q) end
+end
+
+local function announce(q)
+  redis.call('PUBLISH', K_WAKE, q)
+end
+
+-- A finished row back in its queue: due now, attempt 0, no error, progress or finish time.
+local function ready_again(row)
+  local jk = k_job(row.id)
+  redis.call('HSET', jk, 'attempt', 0)
+  redis.call('HDEL', jk, 'error', 'progress')
+  row.run_at = NOW
+  move(row, 'ready')
+  redis.call('HDEL', jk, 'finished')
+end
+
+-- An optional argument: "" is None, "=" .. value is value.
+local function optional(value)
+  if value == '' then return nil end
+  return string.sub(value, 2)
+end
