@@ -20,12 +20,14 @@ from .introspect import PostgresIntrospection
 from .leases import PostgresLeaseStore
 from .sql_enqueue import WAKE_CHANNEL
 from .sql_schema import SQL_JOBS_TABLE
+from .wake import PgQueueWake, start_queue_wake
 
 __all__ = [
     "SQL_JOBS_TABLE",
     "WAKE_CHANNEL",
     "Coalescer",
     "PgExecutor",
+    "PgQueueWake",
     "PgTarget",
     "PostgresBackfillLedger",
     "PostgresIntrospection",
@@ -34,5 +36,6 @@ __all__ = [
     "install",
     "pg_executor",
     "postgres_job_driver",
+    "start_queue_wake",
     "truncate_tables",
 ]
