@@ -256,6 +256,23 @@ class RedisJobDriver:
             stats.append(QueueStats.from_counts(queue, per_state, oldest_at))
         return sorted(stats, key=lambda s: s.queue)
 
+    async def clear(self) -> int:
+        """Delete every key of this namespace (a test's reset, a teardown); answers how many.
+
+        Walks the keyspace with SCAN, so it costs a pass over the server's keys: never on a hot
+        path, and not atomic with anything running meanwhile.
+        """
+        removed = 0
+        batch: list[str] = []
+        async for key in self._ns.client.scan_iter(match=self._ns.base + "*", count=1000):
+            batch.append(key)
+            if len(batch) == 500:
+                removed += await self._ns.client.unlink(*batch)
+                batch = []
+        if batch:
+            removed += await self._ns.client.unlink(*batch)
+        return removed
+
     async def close(self) -> None:
         await self._settles.drain()
         await self._renewals.drain()

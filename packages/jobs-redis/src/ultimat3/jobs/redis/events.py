@@ -3,8 +3,9 @@
 ``step.wait_for_event`` stamps "when I asked" with ``now()`` and matches events published at or
 after it; both stamps come from the server, so two workers whose clocks disagree still agree on
 which answers count. This is the one part of the driver that does not read the driver's clock.
-An event is a hash that expires on that same clock; ``purge_expired()`` (and every publish, a
-hundred at a time) drops the index entries of expired events, so the bus stays bounded.
+An event is a hash that expires on that same clock (a server key TTL), so payloads never outlive
+their events; ``purge_expired()`` drops the small index entries they leave behind — schedule it,
+as for any bus (``events_purge_target``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 -- events: the event bus, on the SERVER's clock (TIME) — the one clock every process shares, so
 -- "published after I asked" never depends on a worker's skew. This is the one script that does
--- not read ARGV[1]. Events are a hash each (expiring on that same clock), indexed per event name
--- by publish time and, for the purge, by expiry.
+-- not read ARGV[1]. Events are a hash each, expiring on that same clock by the server's own key
+-- TTL, indexed per event name by publish time and, for the purge, by expiry. What the purge
+-- removes is those index entries (a few dozen bytes an event): the payloads are already gone.
 -- ARGV[4] action: "publish" (ARGV[5] id, ARGV[6] event, ARGV[7] payload json, ARGV[8] ttl in
 -- microseconds; answers {published_at, expires_at}), "purge" (ARGV[5] how many at most;
 -- answers how many it removed) or "now" (answers the server time).
@@ -29,5 +30,4 @@ redis.call('HSET', key, 'event', event, 'payload', ARGV[7], 'published', now, 'e
 redis.call('PEXPIRE', key, math.max(1, math.floor(ttl / 1000)))
 redis.call('ZADD', B .. 'evby:' .. event, now, id)
 redis.call('ZADD', K_EXP, expires, expiry_member(id, event))
-purge(100)
 return {now, expires}
