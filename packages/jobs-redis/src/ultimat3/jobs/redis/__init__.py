@@ -15,6 +15,12 @@ from .events import RedisEventBus
 from .introspect import RedisIntrospection
 from .keys import DEFAULT_PREFIX, hash_slot
 from .leases import RedisLeaseStore
+from .scheduler import (
+    RedisLeaseLeader,
+    RedisSchedulerState,
+    redis_lease_leader,
+    redis_scheduler_state,
+)
 from .wake import RedisQueueWake, start_queue_wake
 
 __all__ = [
@@ -25,9 +31,13 @@ __all__ = [
     "RedisEventBus",
     "RedisIntrospection",
     "RedisJobDriver",
+    "RedisLeaseLeader",
     "RedisLeaseStore",
     "RedisQueueWake",
+    "RedisSchedulerState",
     "hash_slot",
     "redis_job_driver",
+    "redis_lease_leader",
+    "redis_scheduler_state",
     "start_queue_wake",
 ]

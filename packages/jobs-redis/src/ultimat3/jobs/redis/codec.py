@@ -15,6 +15,8 @@ from typing import Any
 from ultimat3.jobs.core.model import (
     ClaimedJob,
     ClaimRef,
+    Enqueued,
+    EnqueueRequest,
     ExhaustedJob,
     JobRow,
     JobState,
@@ -25,6 +27,7 @@ from ultimat3.jobs.core.model import (
 
 __all__ = [
     "decode_steps",
+    "encode_progress",
     "encode_step",
     "fields",
     "from_us",
@@ -32,9 +35,11 @@ __all__ = [
     "live_key",
     "optional",
     "read_claimed",
+    "read_enqueued",
     "read_exhausted",
     "read_optional",
     "read_row",
+    "request_args",
     "to_us",
 ]
 
@@ -66,6 +71,32 @@ def json_text(value: JsonValue) -> str:
 def live_key(name: str, tenant_id: str | None, idempotency_key: str) -> str:
     """The field the live-key index is keyed by: the None tenant is the '' tenant."""
     return json_text([name, tenant_id or "", idempotency_key])
+
+
+def request_args(requests: Sequence[EnqueueRequest]) -> list[str]:
+    """The script arguments of rows to insert: ``ROW_ARGS`` fields each (``insert_row`` in the
+    prelude)."""
+    args: list[str] = []
+    for request in requests:
+        args += (
+            request.id,
+            request.run_id,
+            request.name,
+            request.queue,
+            json_text(request.input),
+            request.idempotency_key,
+            optional(request.tenant_id),
+            str(request.max_attempts),
+            to_us(request.run_at),
+            optional(request.enqueued_by),
+            optional(request.traceparent),
+            live_key(request.name, request.tenant_id, request.idempotency_key),
+        )
+    return args
+
+
+def read_enqueued(answers: Sequence[Sequence[Any]]) -> list[Enqueued]:
+    return [Enqueued(job_id, run_id, bool(deduped)) for job_id, run_id, deduped in answers]
 
 
 def fields(flat: Sequence[str]) -> dict[str, str]:
@@ -161,7 +192,3 @@ def read_exhausted(row: Mapping[str, str]) -> ExhaustedJob:
         max_attempts=int(row["max"]),
         state=JobState(row["state"]),
     )
-
-
-def json_or_none(value: Any) -> JsonValue:
-    return None if value is None else json.loads(value)

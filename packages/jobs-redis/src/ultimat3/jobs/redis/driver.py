@@ -42,11 +42,11 @@ from .codec import (
     encode_step,
     fields,
     from_us,
-    json_text,
-    live_key,
     optional,
     read_claimed,
+    read_enqueued,
     read_exhausted,
+    request_args,
     to_us,
 )
 from .events import RedisEventBus
@@ -110,6 +110,11 @@ class RedisJobDriver:
         return self._ns.client
 
     @property
+    def namespace(self) -> Namespace:
+        """The key space, clock and script runner the driver's parts share."""
+        return self._ns
+
+    @property
     def clock(self) -> Clock:
         return self._ns.clock
 
@@ -149,24 +154,8 @@ class RedisJobDriver:
         return answers
 
     async def _enqueue_chunk(self, requests: Sequence[EnqueueRequest]) -> list[Enqueued]:
-        args: list[str] = [str(len(requests))]
-        for request in requests:
-            args += (
-                request.id,
-                request.run_id,
-                request.name,
-                request.queue,
-                json_text(request.input),
-                request.idempotency_key,
-                optional(request.tenant_id),
-                str(request.max_attempts),
-                to_us(request.run_at),
-                optional(request.enqueued_by),
-                optional(request.traceparent),
-                live_key(request.name, request.tenant_id, request.idempotency_key),
-            )
-        answers = await self._ns.call("enqueue", *args)
-        return [Enqueued(job_id, run_id, bool(deduped)) for job_id, run_id, deduped in answers]
+        answers = await self._ns.call("enqueue", str(len(requests)), *request_args(requests))
+        return read_enqueued(answers)
 
     # -- claim ------------------------------------------------------------------------------
 

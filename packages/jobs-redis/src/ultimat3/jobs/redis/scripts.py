@@ -44,6 +44,7 @@ SCRIPT_NAMES = (
     "lease",
     "backfill",
     "events",
+    "scheduler",
 )
 
 

@@ -190,3 +190,41 @@ local function optional(value)
   if value == '' then return nil end
   return string.sub(value, 2)
 end
+
+-- Insert the row whose ROW_ARGS fields start at ARGV[a], or answer the row already there:
+-- id, run_id, name, queue, input, key, tenant, max_attempts, run_at, enqueued_by, traceparent,
+-- live key (optional ones as `optional` reads them). Answers {id, run_id, deduped 0/1}.
+-- An id that names ANY row inserts nothing; nor does a live row holding the live key. A row due
+-- within a second is announced, unless an announcement for its queue is still unclaimed.
+local ROW_ARGS = 12
+local WAKE_DUE_US = 1000000
+local function insert_row(a)
+  local id, run, name, q = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]
+  local lk = ARGV[a + 11]
+  local jk = k_job(id)
+  local held = redis.call('HGET', jk, 'run_id')
+  if held then return {id, held, 1} end
+  local holder = redis.call('HGET', K_LIVE, lk)
+  if holder then return {holder, redis.call('HGET', k_job(holder), 'run_id'), 1} end
+  local run_at = ARGV[a + 8]
+  local state = 'ready'
+  if tonumber(run_at) > NOW_N then state = 'delayed' end
+  redis.call('HSET', jk, 'id', id, 'run_id', run, 'name', name, 'queue', q, 'state', state,
+    'input', ARGV[a + 4], 'key', ARGV[a + 5], 'attempt', 0, 'max', ARGV[a + 7],
+    'run_at', run_at, 'created', NOW, 'updated', NOW, 'lk', lk)
+  local tenant, by, trace = optional(ARGV[a + 6]), optional(ARGV[a + 9]), optional(ARGV[a + 10])
+  if tenant then redis.call('HSET', jk, 'tenant', tenant) end
+  if by then redis.call('HSET', jk, 'by', by) end
+  if trace then redis.call('HSET', jk, 'trace', trace) end
+  redis.call('HSET', K_LIVE, lk, id)
+  redis.call('ZADD', k_due(q), run_at, id)
+  redis.call('ZADD', k_state(q, state), NOW, id)
+  redis.call('ZADD', K_CREATED, NOW, id)
+  redis.call('SADD', K_QUEUES, q)
+  if redis.call('HINCRBY', K_RUNS, run, 1) > 1 then redis.call('PERSIST', k_steps(run)) end
+  if tonumber(run_at) - NOW_N <= WAKE_DUE_US
+      and redis.call('SET', k_woken(q), '1', 'NX', 'PX', WAKE_HOLD_MS) then
+    announce(q)
+  end
+  return {id, run, 0}
+end
