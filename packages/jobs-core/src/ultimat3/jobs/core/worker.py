@@ -36,11 +36,11 @@ import itertools
 import logging
 import os
 import socket
-from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from .clock import Clock
 from .concurrency import FleetSlots, SlotDecision, require_lease_store
@@ -491,7 +491,7 @@ class JobWorker:
     def _launch(self, claimed: ClaimedJob) -> None:
         run = _Run(claimed, self._route(claimed.name))
         if not self._accepting:
-            run.controller.abort(self._drained("claimed during the drain"))
+            run.controller.abort(self._drained("claimed as the drain began"))
         self._runs[claimed.claim.claim] = run
         self._busy[claimed.queue] = self._busy.get(claimed.queue, 0) + 1
         run.lease = self._renewals.add(
@@ -506,9 +506,10 @@ class JobWorker:
         claimed = run.claimed
         ran = False
         try:
-            if run.controller.signal.aborted or await self._admit(run):
+            admitted, failure = await self._admit(run)
+            if admitted:
                 ran = True
-                await self._attempt(run)
+                await self._attempt(run, failure)
             else:
                 ran = run.refused
         except Exception as exc:
@@ -535,57 +536,64 @@ class JobWorker:
             if ran:
                 self._wakeup.ring()
 
-    async def _admit(self, run: _Run) -> bool:
-        """Take the run's place under the process limits and its fleet slot. False when it was
-        handed back or refused instead."""
+    async def _admit(self, run: _Run) -> tuple[bool, BaseException | None]:
+        """Take the run's place under the process limits and its fleet slot. Answers whether
+        the attempt goes ahead (False: handed back or refused instead) and, when it goes ahead
+        only to fail without its body, why."""
         claimed = run.claimed
+        if run.controller.signal.aborted:
+            return True, None
         if self._limits is not None:
             back_at = self._limits.hold(claimed.queue, claimed.tenant_id)
             if back_at is not None:
                 await self._hand_back(run, back_at)
-                return False
+                return False, None
             run.placed = True
         if run.handle is None or run.handle.concurrency is None:
-            return True
+            return True, None
         decision = await self._fleet.take(run.handle, claimed)
         if decision.kind == "wait":
             await self._hand_back(run, self._clock.now())
-            return False
+            return False, None
         if decision.kind == "refuse":
             run.refused = True
             await self._refuse(run, decision)
-            return False
-        if decision.kind == "invalid":
-            assert decision.error is not None
-            run.controller.abort(decision.error)
-        elif decision.kind == "held":
+            return False, None
+        if decision.kind == "held":
             run.held = decision
             self._hold_slot(run, decision)
-        return True
+        return True, decision.error
 
-    async def _attempt(self, run: _Run) -> None:
-        services = self._services(run)
-        if inspect.isawaitable(services):
-            services = await _awaited_services(run, services)
+    async def _attempt(self, run: _Run, failure: BaseException | None) -> None:
+        """Run the attempt — or, when ``failure`` is set, fail it on the ordinary retry path
+        without starting the body."""
+        reason = run.controller.signal.reason
+        if reason is not None:
+            # Aborted before its body started: a drain hands it straight back, uncounted; a lost
+            # lease leaves the row to whoever holds it now.
+            if isinstance(reason, JobDrainedError):
+                await self._hand_back(run, self._clock.now())
+            return
+        services: Any = None
+        try:
+            services = self._context()
+            if inspect.isawaitable(services):
+                services = await services
+        except Exception as exc:
+            failure = exc
+        handle = run.handle
+        if failure is not None and handle is not None:
+            handle = cast(AnyJobHandle, _FailingBody(handle, failure))
         execution = await execute_job(
             run.claimed,
             driver=self._driver,
-            handle=run.handle,
+            handle=handle,
             services=services,
             signal=run.controller.signal,
             events=self._events,
             clock=self._clock,
         )
         self._record(run.claimed.queue, execution)
-
-    def _services(self, run: _Run) -> Any:
-        """What ``ctx.services`` holds for this run; a context factory that raises fails the
-        attempt without starting the body."""
-        try:
-            return self._context()
-        except Exception as exc:
-            run.controller.abort(exc)
-            return None
 
     def _record(self, queue: str, execution: JobExecution) -> None:
         self.stats.count(execution.outcome)
@@ -762,12 +770,20 @@ class JobWorker:
             )
 
 
-async def _awaited_services(run: _Run, pending: Awaitable[Any]) -> Any:
-    try:
-        return await pending
-    except Exception as exc:
-        run.controller.abort(exc)
-        return None
+class _FailingBody:
+    """A job's handle whose body raises ``error`` instead of running: how an attempt that cannot
+    start (its concurrency key raised, the context factory raised) fails on the job's own retry
+    path, ``on_settled`` included, with the body never called."""
+
+    def __init__(self, handle: AnyJobHandle, error: BaseException) -> None:
+        self._handle = handle
+        self._error = error
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._handle, name)
+
+    async def call_body(self, available: Mapping[str, Any]) -> Any:
+        raise self._error
 
 
 def _queues_of(

@@ -1,0 +1,578 @@
+"""The worker's claim loop: slots, one claim per pass, refills, wakes, idle back-off, routing."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import pytest
+from support.eventually import run_clock, settle, until
+
+from ultimat3.jobs.core import (
+    JOBS_CONCURRENCY_DEFAULT,
+    ClaimQueuesEmptyError,
+    FrozenClock,
+    InvariantError,
+    JobState,
+    Retry,
+    job,
+    job_worker,
+    signal_enqueued,
+)
+from ultimat3.jobs.core.memory import MemoryJobDriver
+from ultimat3.jobs.core.protocol import ClaimBatch
+
+
+@dataclass
+class Item:
+    n: int
+
+
+def item_job(body: Any, **options: Any) -> Any:
+    fields: dict[str, Any] = {
+        "input": Item,
+        "idempotency_key": lambda i: f"item:{i.n}",
+        "tenant": "none",
+        "retry": Retry(attempts=3, delay=1, jitter=False),
+    }
+    fields.update(options)
+    return job(**fields)(body)
+
+
+class ClaimSpy:
+    """The memory driver, with every claim call recorded (when, and for which slots)."""
+
+    def __init__(self, driver: MemoryJobDriver) -> None:
+        self.inner = driver
+        self.claims: list[tuple[datetime, dict[str, int]]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def claim(
+        self,
+        *,
+        worker_id: str,
+        slots: Mapping[str, int],
+        visibility_timeout: float,
+        drop_exhausted: Collection[str] = (),
+    ) -> ClaimBatch:
+        self.claims.append((self.inner.clock.now(), dict(slots)))
+        return await self.inner.claim(
+            worker_id=worker_id,
+            slots=slots,
+            visibility_timeout=visibility_timeout,
+            drop_exhausted=drop_exhausted,
+        )
+
+
+class Gate:
+    """Bodies park on a gate until the test opens it."""
+
+    def __init__(self) -> None:
+        self.entered: list[int] = []
+        self.event = asyncio.Event()
+
+    async def __call__(self, *, input: Item) -> int:
+        self.entered.append(input.n)
+        await self.event.wait()
+        return input.n
+
+
+async def test_an_enqueue_in_this_process_starts_the_job_at_once(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    done: list[int] = []
+
+    async def record(*, input: Item) -> None:
+        done.append(input.n)
+
+    handle = item_job(record)
+    async with job_worker(driver=driver, context=lambda: None, jobs=[handle], clock=clock):
+        await settle()
+        await handle.enqueue(Item(1))
+        await until(lambda: done == [1])
+
+
+async def test_each_queue_gets_its_own_slots_and_unnamed_queues_the_default(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    worker = job_worker(
+        driver=driver,
+        context=lambda: None,
+        queues=["mail", "reports"],
+        concurrency={"mail": 3},
+        clock=clock,
+    )
+    assert worker.queues == {"mail": 3, "reports": JOBS_CONCURRENCY_DEFAULT}
+
+
+async def test_one_number_sets_the_slots_of_every_queue(driver: MemoryJobDriver) -> None:
+    worker = job_worker(driver=driver, context=lambda: None, queues=["a", "b"], concurrency=2)
+    assert worker.queues == {"a": 2, "b": 2}
+
+
+async def test_a_worker_serves_the_queues_of_the_jobs_it_is_given(
+    driver: MemoryJobDriver,
+) -> None:
+    async def on_mail(*, input: Item) -> None:
+        return None
+
+    handle = item_job(on_mail, queue="mail-out")
+    worker = job_worker(driver=driver, context=lambda: None, jobs=[handle])
+    assert worker.queues == {"mail-out": JOBS_CONCURRENCY_DEFAULT}
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True])
+async def test_a_slot_count_that_is_not_a_whole_positive_number_is_refused(
+    driver: MemoryJobDriver, bad: Any
+) -> None:
+    with pytest.raises(InvariantError):
+        job_worker(driver=driver, context=lambda: None, queues=["a"], concurrency=bad)
+
+
+async def test_an_empty_queue_list_is_refused(driver: MemoryJobDriver) -> None:
+    with pytest.raises(ClaimQueuesEmptyError):
+        job_worker(driver=driver, context=lambda: None, queues=[])
+
+
+async def test_a_heartbeat_no_shorter_than_the_visibility_timeout_is_refused(
+    driver: MemoryJobDriver,
+) -> None:
+    with pytest.raises(InvariantError):
+        job_worker(
+            driver=driver,
+            context=lambda: None,
+            queues=["a"],
+            visibility_timeout=10,
+            heartbeat_interval=10,
+        )
+
+
+async def test_a_pass_is_one_claim_over_every_queue_with_a_free_slot(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    spy = ClaimSpy(driver)
+    worker = job_worker(
+        driver=spy,  # type: ignore[arg-type]
+        context=lambda: None,
+        queues=["a", "b", "c"],
+        concurrency={"a": 2, "b": 1, "c": 4},
+        clock=clock,
+    )
+    async with worker:
+        await settle()
+        assert spy.claims == [(clock.now(), {"a": 2, "b": 1, "c": 4})]
+
+
+async def test_a_full_queue_is_left_out_of_the_claim(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    gate = Gate()
+    handle = item_job(gate, name="worker-full-queue-gate", queue="slow")
+    spy = ClaimSpy(driver)
+    worker = job_worker(
+        driver=spy,  # type: ignore[arg-type]
+        context=lambda: None,
+        jobs=[handle],
+        queues=["slow", "fast"],
+        concurrency=1,
+        clock=clock,
+    )
+    async with worker:
+        await settle()
+        await handle.enqueue(Item(1))
+        await until(lambda: gate.entered == [1])
+        spy.claims.clear()
+        signal_enqueued("fast")
+        await settle()
+        assert [slots for _, slots in spy.claims] == [{"fast": 1}]
+        gate.event.set()
+
+
+async def test_a_slot_coming_free_is_refilled_at_once(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    gate = Gate()
+    handle = item_job(gate, name="worker-refill-gate")
+    for n in range(3):
+        await handle.enqueue(Item(n))
+    async with job_worker(
+        driver=driver, context=lambda: None, jobs=[handle], concurrency=1, clock=clock
+    ):
+        await until(lambda: gate.entered == [0])
+        gate.event.set()
+        # No clock movement: only the freed slot can have started the others.
+        await until(lambda: gate.entered == [0, 1, 2])
+
+
+async def test_a_full_worker_asks_the_queue_for_nothing(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    gate = Gate()
+    handle = item_job(gate, name="worker-full-gate")
+    await handle.enqueue(Item(1))
+    spy = ClaimSpy(driver)
+    async with job_worker(
+        driver=spy,  # type: ignore[arg-type]
+        context=lambda: None,
+        jobs=[handle],
+        concurrency=1,
+        clock=clock,
+    ):
+        await until(lambda: gate.entered == [1])
+        before = len(spy.claims)
+        await run_clock(clock, 60)
+        assert len(spy.claims) == before
+        gate.event.set()
+
+
+async def test_idle_the_wait_doubles_from_the_poll_interval_to_the_ceiling(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    spy = ClaimSpy(driver)
+    start = clock.now()
+    async with job_worker(
+        driver=spy,  # type: ignore[arg-type]
+        context=lambda: None,
+        queues=["idle"],
+        clock=clock,
+    ):
+        await run_clock(clock, 10)
+    offsets = [(at - start).total_seconds() for at, _ in spy.claims]
+    assert offsets == [0, 0.25, 0.75, 1.75, 3.75, 5.75, 7.75, 9.75]
+
+
+async def test_a_declared_idle_ceiling_is_the_ceiling(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    spy = ClaimSpy(driver)
+    start = clock.now()
+    async with job_worker(
+        driver=spy,  # type: ignore[arg-type]
+        context=lambda: None,
+        queues=["idle"],
+        idle_poll_max=0.5,
+        clock=clock,
+    ):
+        await run_clock(clock, 2)
+    offsets = [(at - start).total_seconds() for at, _ in spy.claims]
+    assert offsets == [0, 0.25, 0.75, 1.25, 1.75]
+
+
+class FakeWake:
+    def __init__(self, *, live: bool) -> None:
+        self.live = live
+        self.listeners: list[Callable[[str], None]] = []
+
+    def subscribe(self, listener: Callable[[str], None]) -> Callable[[], None]:
+        self.listeners.append(listener)
+        return lambda: self.listeners.remove(listener)
+
+    async def close(self) -> None:
+        return None
+
+    def notify(self, queue: str) -> None:
+        for listener in list(self.listeners):
+            listener(queue)
+
+
+async def test_a_proven_wake_raises_the_idle_ceiling_to_five_seconds(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    spy = ClaimSpy(driver)
+    start = clock.now()
+    async with job_worker(
+        driver=spy,  # type: ignore[arg-type]
+        context=lambda: None,
+        queues=["idle"],
+        wake=FakeWake(live=True),
+        clock=clock,
+    ):
+        await run_clock(clock, 14)
+    offsets = [(at - start).total_seconds() for at, _ in spy.claims]
+    assert offsets == [0, 0.25, 0.75, 1.75, 3.75, 7.75, 12.75]
+
+
+async def test_an_unproven_wake_keeps_the_two_second_ceiling(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    spy = ClaimSpy(driver)
+    start = clock.now()
+    async with job_worker(
+        driver=spy,  # type: ignore[arg-type]
+        context=lambda: None,
+        queues=["idle"],
+        wake=FakeWake(live=False),
+        clock=clock,
+    ):
+        await run_clock(clock, 6)
+    offsets = [(at - start).total_seconds() for at, _ in spy.claims]
+    assert offsets == [0, 0.25, 0.75, 1.75, 3.75, 5.75]
+
+
+async def test_a_notification_from_another_process_starts_a_pass_and_resets_the_back_off(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    spy = ClaimSpy(driver)
+    wake = FakeWake(live=True)
+    start = clock.now()
+    async with job_worker(
+        driver=spy,  # type: ignore[arg-type]
+        context=lambda: None,
+        queues=["q"],
+        wake=wake,
+        clock=clock,
+    ):
+        await run_clock(clock, 4)  # passes at 0, .25, .75, 1.75, 3.75; next at 7.75
+        wake.notify("q")
+        await settle()
+        await run_clock(clock, 0.25)
+    offsets = [(at - start).total_seconds() for at, _ in spy.claims]
+    assert offsets == [0, 0.25, 0.75, 1.75, 3.75, 4, 4.25]
+
+
+async def test_a_wake_naming_a_queue_the_worker_does_not_serve_is_ignored(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    spy = ClaimSpy(driver)
+    async with job_worker(
+        driver=spy,  # type: ignore[arg-type]
+        context=lambda: None,
+        queues=["mine"],
+        clock=clock,
+    ):
+        await settle()
+        before = len(spy.claims)
+        signal_enqueued("someone-elses")
+        await settle()
+        assert len(spy.claims) == before
+
+
+async def test_wakes_during_a_pass_ask_for_one_more_pass_not_one_each(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    release = asyncio.Event()
+    spy = ClaimSpy(driver)
+    original = spy.claim
+
+    async def slow_claim(**kwargs: Any) -> ClaimBatch:
+        batch = await original(**kwargs)
+        await release.wait()
+        return batch
+
+    spy.claim = slow_claim  # type: ignore[method-assign]
+    async with job_worker(
+        driver=spy,  # type: ignore[arg-type]
+        context=lambda: None,
+        queues=["q"],
+        clock=clock,
+    ):
+        await settle()
+        assert len(spy.claims) == 1
+        for _ in range(5):
+            signal_enqueued("q")
+        release.set()
+        await settle()
+        assert len(spy.claims) == 2
+
+
+async def test_a_retry_due_within_a_minute_is_picked_up_by_a_local_timer(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    attempts: list[int] = []
+
+    async def flaky(*, input: Item, attempt: int) -> None:
+        attempts.append(attempt)
+        if attempt == 1:
+            raise RuntimeError("transient")
+
+    handle = item_job(flaky, retry=Retry(attempts=3, delay=30, jitter=False))
+    spy = ClaimSpy(driver)
+    async with job_worker(
+        driver=spy,  # type: ignore[arg-type]
+        context=lambda: None,
+        jobs=[handle],
+        idle_poll_max=3600,  # the poll alone would not come back for an hour
+        clock=clock,
+    ):
+        await settle()
+        started = clock.now()
+        await handle.enqueue(Item(1))
+        await until(lambda: attempts == [1])
+        await run_clock(clock, 31)
+        assert attempts == [1, 2]
+        assert any((at - started).total_seconds() == 30 for at, _ in spy.claims)
+
+
+async def test_rows_are_routed_to_the_explicit_jobs_ahead_of_the_registry(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    seen: list[str] = []
+
+    def declare(label: str) -> Any:
+        async def twin(*, input: Item) -> None:
+            seen.append(label)
+
+        return item_job(twin)
+
+    declare("registered")
+    mine = declare("explicit")  # same implicit name: the registry keeps the first
+    async with job_worker(driver=driver, context=lambda: None, jobs=[mine], clock=clock):
+        await mine.enqueue(Item(1))
+        await until(lambda: seen == ["explicit"])
+
+
+async def test_ctx_services_is_what_the_context_factory_built(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    seen: list[Any] = []
+
+    async def uses(*, input: Item, ctx: Any) -> None:
+        seen.append(ctx.services)
+
+    handle = item_job(uses)
+    services = object()
+    async with job_worker(driver=driver, context=lambda: services, jobs=[handle], clock=clock):
+        await handle.enqueue(Item(1))
+        await until(lambda: seen == [services])
+
+
+async def test_an_async_context_factory_is_awaited(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    seen: list[Any] = []
+
+    async def uses(*, input: Item, ctx: Any) -> None:
+        seen.append(ctx.services)
+
+    async def build() -> str:
+        return "built"
+
+    handle = item_job(uses)
+    async with job_worker(driver=driver, context=build, jobs=[handle], clock=clock):
+        await handle.enqueue(Item(1))
+        await until(lambda: seen == ["built"])
+
+
+async def test_a_context_factory_that_raises_fails_the_attempt_without_the_body(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    ran: list[int] = []
+
+    async def body(*, input: Item) -> None:
+        ran.append(input.n)
+
+    def broken() -> Any:
+        raise RuntimeError("no database")
+
+    handle = item_job(body)
+    worker = job_worker(driver=driver, context=broken, jobs=[handle], clock=clock)
+    async with worker:
+        queued = await handle.enqueue(Item(1))
+        await until(lambda: worker.stats.retried == 1)
+    detail = await driver.introspect.get(queued.id)
+    assert detail is not None
+    assert ran == []
+    assert "no database" in (detail.row.last_error or "")
+
+
+async def test_stats_count_how_each_attempt_ended(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    async def ends(*, input: Item, step: Any) -> None:
+        if input.n == 1:
+            raise RuntimeError("boom")
+        if input.n == 2:
+            await step.sleep("nap", 3600)
+
+    handle = item_job(ends, retry=Retry(attempts=1))
+    worker = job_worker(driver=driver, context=lambda: None, jobs=[handle], clock=clock)
+    async with worker:
+        for n in range(3):
+            await handle.enqueue(Item(n))
+        await until(
+            lambda: worker.stats.completed + worker.stats.dead + worker.stats.suspended == 3
+        )
+    assert (worker.stats.completed, worker.stats.dead, worker.stats.suspended) == (1, 1, 1)
+
+
+async def test_the_worker_is_listed_with_its_queues_slots_and_jobs_in_flight(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    gate = Gate()
+    handle = item_job(gate, name="worker-registry-gate")
+    worker = job_worker(
+        driver=driver, context=lambda: None, jobs=[handle], concurrency=2, clock=clock
+    )
+    async with worker:
+        queued = await handle.enqueue(Item(1))
+        await until(lambda: gate.entered == [1])
+        await run_clock(clock, 10)  # one renewal of the registry row
+        (info,) = await driver.introspect.workers()
+        assert (info.id, dict(info.slots), list(info.in_flight)) == (
+            worker.id,
+            {"default": 2},
+            [queued.id],
+        )
+        assert info.last_heartbeat == clock.now()
+        gate.event.set()
+    assert await driver.introspect.workers() == []
+
+
+async def test_a_served_queue_no_job_names_is_polled_and_reported_once(
+    driver: MemoryJobDriver, clock: FrozenClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    spy = ClaimSpy(driver)
+    with caplog.at_level(logging.WARNING, logger="ultimat3.jobs"):
+        async with job_worker(
+            driver=spy,  # type: ignore[arg-type]
+            context=lambda: None,
+            queues=["nobody-names-this"],
+            clock=clock,
+        ):
+            await run_clock(clock, 3)
+    events = [
+        r for r in caplog.records if getattr(r, "event", "") == "jobs.worker.queue-unregistered"
+    ]
+    assert len(events) == 1
+    assert spy.claims
+
+
+async def test_rows_buried_by_the_claim_are_announced_and_dropped_names_are_passed(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    told: list[str] = []
+
+    async def dies(*, input: Item) -> None:
+        return None
+
+    async def on_settled(settled: Any) -> None:
+        told.append(settled.outcome)
+
+    handle = item_job(
+        dies, retry=Retry(attempts=1, dead_letter=False), on_settled=on_settled, queue="burial"
+    )
+    queued = await handle.enqueue(Item(1))
+    await driver.claim(worker_id="gone", slots={"burial": 1}, visibility_timeout=30)
+    clock.advance(31)
+    worker = job_worker(driver=driver, context=lambda: None, jobs=[handle], clock=clock)
+    async with worker:
+        await until(lambda: told == ["dropped"])
+    detail = await driver.introspect.get(queued.id)
+    assert detail is not None
+    assert detail.row.state is JobState.FAILED
+    assert worker.stats.dropped == 1
+
+
+async def test_a_worker_cannot_be_started_twice(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    worker = job_worker(driver=driver, context=lambda: None, queues=["q"], clock=clock)
+    async with worker:
+        with pytest.raises(InvariantError):
+            await worker.start()

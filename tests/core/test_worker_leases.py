@@ -1,0 +1,351 @@
+"""Lease renewal: every third of the window, loud when it stops landing, quiet for finished
+jobs."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+from support.eventually import run_clock, settle, until
+
+from ultimat3.jobs.core import (
+    ClaimRef,
+    FrozenClock,
+    JobMetrics,
+    JobState,
+    LeaseLostError,
+    Retry,
+    job,
+    job_worker,
+)
+from ultimat3.jobs.core.memory import MemoryJobDriver
+
+
+@dataclass
+class Item:
+    n: int
+
+
+def item_job(body: Any, **options: Any) -> Any:
+    fields: dict[str, Any] = {
+        "input": Item,
+        "idempotency_key": lambda i: f"item:{i.n}",
+        "tenant": "none",
+        "retry": Retry(attempts=3, delay=1, jitter=False),
+    }
+    fields.update(options)
+    return job(**fields)(body)
+
+
+class HeartbeatSpy:
+    """The memory driver, with heartbeats recorded and, when ``answer`` is set, replaced."""
+
+    def __init__(self, driver: MemoryJobDriver) -> None:
+        self.inner = driver
+        self.beats: list[datetime] = []
+        self.answer: Callable[[], Awaitable[bool]] | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def heartbeat(self, job_id: str, ref: ClaimRef, visibility_timeout: float) -> bool:
+        self.beats.append(self.inner.clock.now())
+        if self.answer is not None:
+            return await self.answer()
+        return await self.inner.heartbeat(job_id, ref, visibility_timeout)
+
+
+class Parked:
+    """A body that parks until released, and remembers how each of its runs ended."""
+
+    def __init__(self) -> None:
+        self.started = asyncio.Event()
+        self.release = asyncio.Event()
+        self.endings: list[BaseException | str] = []
+        self.reasons: list[BaseException | None] = []
+
+    @property
+    def ended(self) -> BaseException | str | None:
+        return self.endings[0] if self.endings else None
+
+    @property
+    def signal_reason(self) -> BaseException | None:
+        return self.reasons[0] if self.reasons else None
+
+    async def __call__(self, *, input: Item, ctx: Any) -> None:
+        self.started.set()
+        try:
+            await self.release.wait()
+            self.endings.append("returned")
+        except asyncio.CancelledError as cancelled:
+            self.endings.append(cancelled)
+            self.reasons.append(ctx.signal.reason)
+            raise
+
+
+def metrics() -> JobMetrics:
+    return JobMetrics(registry=CollectorRegistry())
+
+
+def leases_lost(found: JobMetrics, queue: str = "default") -> float:
+    return float(found.leases_lost.labels(queue)._value.get())
+
+
+def events(caplog: pytest.LogCaptureFixture, name: str) -> list[logging.LogRecord]:
+    return [record for record in caplog.records if getattr(record, "event", None) == name]
+
+
+async def test_a_running_lease_is_renewed_every_third_of_the_visibility_timeout(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    spy = HeartbeatSpy(driver)
+    body = Parked()
+    handle = item_job(body)
+    start = clock.now()
+    async with job_worker(
+        driver=spy,  # type: ignore[arg-type]
+        context=lambda: None,
+        jobs=[handle],
+        visibility_timeout=30,
+        clock=clock,
+    ):
+        queued = await handle.enqueue(Item(1))
+        await until(body.started.is_set)
+        await run_clock(clock, 95)
+        offsets = [(at - start).total_seconds() for at in spy.beats]
+        assert offsets == [10, 20, 30, 40, 50, 60, 70, 80, 90]
+        detail = await driver.introspect.get(queued.id)
+        assert detail is not None
+        assert detail.row.state is JobState.RUNNING
+        body.release.set()
+        await until(lambda: body.ended == "returned")
+
+
+async def test_a_failed_renewal_warns_while_the_window_still_has_room(
+    driver: MemoryJobDriver, clock: FrozenClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    spy = HeartbeatSpy(driver)
+    failures = iter([True])
+
+    async def fail_once() -> bool:
+        if next(failures, False):
+            raise ConnectionError("pool blip")
+        return True
+
+    spy.answer = fail_once
+    body = Parked()
+    handle = item_job(body)
+    found = metrics()
+    async with job_worker(
+        driver=spy,  # type: ignore[arg-type]
+        context=lambda: None,
+        jobs=[handle],
+        clock=clock,
+        metrics=found,
+    ):
+        await handle.enqueue(Item(1))
+        await until(body.started.is_set)
+        with caplog.at_level(logging.WARNING, logger="ultimat3.jobs"):
+            await run_clock(clock, 35)
+        assert len(events(caplog, "jobs.heartbeat.failed")) == 1
+        assert events(caplog, "jobs.lease.lost") == []
+        assert body.ended is None
+        body.release.set()
+    assert leases_lost(found) == 0
+
+
+async def test_a_whole_window_without_a_renewal_loses_the_lease_and_aborts_the_run(
+    driver: MemoryJobDriver, clock: FrozenClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    spy = HeartbeatSpy(driver)
+
+    async def always_fail() -> bool:
+        raise ConnectionError("database gone")
+
+    spy.answer = always_fail
+    body = Parked()
+    handle = item_job(body)
+    found = metrics()
+    worker = job_worker(
+        driver=spy,  # type: ignore[arg-type]
+        context=lambda: None,
+        jobs=[handle],
+        clock=clock,
+        metrics=found,
+    )
+    async with worker:
+        queued = await handle.enqueue(Item(1))
+        await until(body.started.is_set)
+        with caplog.at_level(logging.WARNING, logger="ultimat3.jobs"):
+            await run_clock(clock, 29)
+            assert body.ended is None
+            await run_clock(clock, 1)
+        await until(lambda: body.ended is not None)
+        assert isinstance(body.signal_reason, LeaseLostError)
+        assert body.signal_reason.code == "X_JOB_LEASE_LOST"
+        assert len(events(caplog, "jobs.lease.lost")) == 1
+        assert leases_lost(found) == 1
+        # The lost run settled nothing: its row went back to the queue, which re-delivers it.
+        spy.answer = None
+        body.release.set()
+        await until(lambda: body.endings[1:] == ["returned"])
+    assert worker.stats.lease_lost == 1
+    detail = await driver.introspect.get(queued.id)
+    assert detail is not None
+    assert (detail.row.state, detail.row.attempt) == (JobState.DONE, 2)
+
+
+async def test_a_renewal_that_hangs_is_caught_like_one_that_fails(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    spy = HeartbeatSpy(driver)
+    never = asyncio.Event()
+
+    async def hang() -> bool:
+        await never.wait()
+        return True
+
+    spy.answer = hang
+    body = Parked()
+    handle = item_job(body)
+    found = metrics()
+    async with job_worker(
+        driver=spy,  # type: ignore[arg-type]
+        context=lambda: None,
+        jobs=[handle],
+        clock=clock,
+        metrics=found,
+    ):
+        await handle.enqueue(Item(1))
+        await until(body.started.is_set)
+        await run_clock(clock, 30)
+        await until(lambda: body.ended is not None)
+        assert isinstance(body.signal_reason, LeaseLostError)
+        assert len(spy.beats) == 1  # one renewal on the wire, never a second stacked on it
+        assert leases_lost(found) == 1
+        spy.answer = None
+        never.set()
+        body.release.set()
+
+
+async def test_a_renewal_refused_by_the_queue_loses_the_lease_at_once(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    spy = HeartbeatSpy(driver)
+
+    async def refused() -> bool:
+        return False
+
+    spy.answer = refused
+    body = Parked()
+    handle = item_job(body)
+    found = metrics()
+    async with job_worker(
+        driver=spy,  # type: ignore[arg-type]
+        context=lambda: None,
+        jobs=[handle],
+        clock=clock,
+        metrics=found,
+    ):
+        await handle.enqueue(Item(1))
+        await until(body.started.is_set)
+        await run_clock(clock, 10)
+        await until(lambda: body.ended is not None)
+        assert isinstance(body.signal_reason, LeaseLostError)
+        assert leases_lost(found) == 1
+        spy.answer = None
+        body.release.set()
+
+
+async def test_a_job_that_finished_while_its_renewal_was_on_the_wire_reports_nothing(
+    driver: MemoryJobDriver, clock: FrozenClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    spy = HeartbeatSpy(driver)
+    on_the_wire = asyncio.Event()
+    answer = asyncio.Event()
+
+    async def slow_refusal() -> bool:
+        on_the_wire.set()
+        await answer.wait()
+        return False  # the ack moved the row out of running: the fenced renewal misses
+
+    spy.answer = slow_refusal
+    body = Parked()
+    handle = item_job(body)
+    found = metrics()
+    async with job_worker(
+        driver=spy,  # type: ignore[arg-type]
+        context=lambda: None,
+        jobs=[handle],
+        clock=clock,
+        metrics=found,
+    ):
+        queued = await handle.enqueue(Item(1))
+        await until(body.started.is_set)
+        await run_clock(clock, 10)
+        await until(on_the_wire.is_set)
+        body.release.set()
+        await until(lambda: body.ended == "returned")
+        with caplog.at_level(logging.WARNING, logger="ultimat3.jobs"):
+            answer.set()
+            await run_clock(clock, 60)
+    assert events(caplog, "jobs.lease.lost") == []
+    assert events(caplog, "jobs.heartbeat.failed") == []
+    assert leases_lost(found) == 0
+    detail = await driver.introspect.get(queued.id)
+    assert detail is not None
+    assert detail.row.state is JobState.DONE
+
+
+async def test_a_job_cancelled_while_running_is_aborted_at_its_next_renewal(
+    driver: MemoryJobDriver, clock: FrozenClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    body = Parked()
+    handle = item_job(body)
+    found = metrics()
+    async with job_worker(
+        driver=driver, context=lambda: None, jobs=[handle], clock=clock, metrics=found
+    ):
+        queued = await handle.enqueue(Item(1))
+        await until(body.started.is_set)
+        await driver.introspect.cancel(queued.id, "runaway")
+        with caplog.at_level(logging.INFO, logger="ultimat3.jobs"):
+            await run_clock(clock, 10)
+            await until(lambda: body.ended is not None)
+    assert isinstance(body.signal_reason, LeaseLostError)
+    assert body.signal_reason.meta["cancelled"] is True
+    assert len(events(caplog, "jobs.job.cancelled")) == 1
+    assert leases_lost(found) == 0  # an operator's cancel is not a lost lease
+    detail = await driver.introspect.get(queued.id)
+    assert detail is not None
+    assert detail.row.state is JobState.CANCELLED
+
+
+async def test_the_renewal_loop_wakes_only_when_a_renewal_is_due(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    spy = HeartbeatSpy(driver)
+    done: list[int] = []
+
+    async def quick(*, input: Item) -> None:
+        done.append(input.n)
+
+    handle = item_job(quick)
+    async with job_worker(
+        driver=spy,  # type: ignore[arg-type]
+        context=lambda: None,
+        jobs=[handle],
+        clock=clock,
+    ):
+        for n in range(50):
+            await handle.enqueue(Item(n))
+        await until(lambda: len(done) == 50)
+        await settle()
+        await run_clock(clock, 60)
+    assert spy.beats == []  # jobs that finish before their first renewal are never renewed
