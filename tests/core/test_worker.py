@@ -77,7 +77,7 @@ class Gate:
         self.entered: list[int] = []
         self.event = asyncio.Event()
 
-    async def __call__(self, *, input: Item) -> int:
+    async def run(self, *, input: Item) -> int:
         self.entered.append(input.n)
         await self.event.wait()
         return input.n
@@ -173,7 +173,7 @@ async def test_a_full_queue_is_left_out_of_the_claim(
     driver: MemoryJobDriver, clock: FrozenClock
 ) -> None:
     gate = Gate()
-    handle = item_job(gate, name="worker-full-queue-gate", queue="slow")
+    handle = item_job(gate.run, name="worker-full-queue-gate", queue="slow")
     spy = ClaimSpy(driver)
     worker = job_worker(
         driver=spy,  # type: ignore[arg-type]
@@ -198,7 +198,7 @@ async def test_a_slot_coming_free_is_refilled_at_once(
     driver: MemoryJobDriver, clock: FrozenClock
 ) -> None:
     gate = Gate()
-    handle = item_job(gate, name="worker-refill-gate")
+    handle = item_job(gate.run, name="worker-refill-gate")
     for n in range(3):
         await handle.enqueue(Item(n))
     async with job_worker(
@@ -214,7 +214,7 @@ async def test_a_full_worker_asks_the_queue_for_nothing(
     driver: MemoryJobDriver, clock: FrozenClock
 ) -> None:
     gate = Gate()
-    handle = item_job(gate, name="worker-full-gate")
+    handle = item_job(gate.run, name="worker-full-gate")
     await handle.enqueue(Item(1))
     spy = ClaimSpy(driver)
     async with job_worker(
@@ -505,7 +505,7 @@ async def test_the_worker_is_listed_with_its_queues_slots_and_jobs_in_flight(
     driver: MemoryJobDriver, clock: FrozenClock
 ) -> None:
     gate = Gate()
-    handle = item_job(gate, name="worker-registry-gate")
+    handle = item_job(gate.run, name="worker-registry-gate")
     worker = job_worker(
         driver=driver, context=lambda: None, jobs=[handle], concurrency=2, clock=clock
     )

@@ -78,7 +78,7 @@ class Parked:
     def signal_reason(self) -> BaseException | None:
         return self.reasons[0] if self.reasons else None
 
-    async def __call__(self, *, input: Item, ctx: Any) -> None:
+    async def run(self, *, input: Item, ctx: Any) -> None:
         self.started.set()
         try:
             await self.release.wait()
@@ -106,7 +106,7 @@ async def test_a_running_lease_is_renewed_every_third_of_the_visibility_timeout(
 ) -> None:
     spy = HeartbeatSpy(driver)
     body = Parked()
-    handle = item_job(body)
+    handle = item_job(body.run)
     start = clock.now()
     async with job_worker(
         driver=spy,  # type: ignore[arg-type]
@@ -140,7 +140,7 @@ async def test_a_failed_renewal_warns_while_the_window_still_has_room(
 
     spy.answer = fail_once
     body = Parked()
-    handle = item_job(body)
+    handle = item_job(body.run)
     found = metrics()
     async with job_worker(
         driver=spy,  # type: ignore[arg-type]
@@ -170,7 +170,7 @@ async def test_a_whole_window_without_a_renewal_loses_the_lease_and_aborts_the_r
 
     spy.answer = always_fail
     body = Parked()
-    handle = item_job(body)
+    handle = item_job(body.run)
     found = metrics()
     worker = job_worker(
         driver=spy,  # type: ignore[arg-type]
@@ -213,7 +213,7 @@ async def test_a_renewal_that_hangs_is_caught_like_one_that_fails(
 
     spy.answer = hang
     body = Parked()
-    handle = item_job(body)
+    handle = item_job(body.run)
     found = metrics()
     async with job_worker(
         driver=spy,  # type: ignore[arg-type]
@@ -244,7 +244,7 @@ async def test_a_renewal_refused_by_the_queue_loses_the_lease_at_once(
 
     spy.answer = refused
     body = Parked()
-    handle = item_job(body)
+    handle = item_job(body.run)
     found = metrics()
     async with job_worker(
         driver=spy,  # type: ignore[arg-type]
@@ -277,7 +277,7 @@ async def test_a_job_that_finished_while_its_renewal_was_on_the_wire_reports_not
 
     spy.answer = slow_refusal
     body = Parked()
-    handle = item_job(body)
+    handle = item_job(body.run)
     found = metrics()
     async with job_worker(
         driver=spy,  # type: ignore[arg-type]
@@ -307,7 +307,7 @@ async def test_a_job_cancelled_while_running_is_aborted_at_its_next_renewal(
     driver: MemoryJobDriver, clock: FrozenClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     body = Parked()
-    handle = item_job(body)
+    handle = item_job(body.run)
     found = metrics()
     async with job_worker(
         driver=driver, context=lambda: None, jobs=[handle], clock=clock, metrics=found

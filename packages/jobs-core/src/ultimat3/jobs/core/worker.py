@@ -386,16 +386,17 @@ class JobWorker:
         return self._routes.get(name) or job_named(name)
 
     def _on_enqueued(self, queue: str) -> None:
-        if queue not in self._slots or not self._accepting or self._loop is None:
+        loop = self._loop
+        if queue not in self._slots or not self._accepting or loop is None or loop.is_closed():
             return
         try:
             running = asyncio.get_running_loop()
         except RuntimeError:
             running = None
-        if running is self._loop:
+        if running is loop:
             self._wakeup.ring()
         else:
-            self._loop.call_soon_threadsafe(self._wakeup.ring)
+            loop.call_soon_threadsafe(self._wakeup.ring)
 
     def _idle_ceiling(self) -> float:
         if self._idle_max is not None:
