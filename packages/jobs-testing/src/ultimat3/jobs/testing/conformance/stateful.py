@@ -38,6 +38,7 @@ from ultimat3.jobs.core import (
     ClaimedJob,
     EnqueueRequest,
     JobRow,
+    JobState,
     NackOptions,
     StepRecord,
     new_id,
@@ -179,7 +180,8 @@ class _DriverMachine(RuleBasedStateMachine):
         self.jobs = self.session.fresh()
         self.model = ReferenceQueue()
         self.claims: list[ClaimedJob] = []
-        self.tokens: set[tuple[str, str]] = set()
+        self.tokens: set[tuple[str, str, str]] = set()
+        """(job id, worker, claim) of every claim handed out: a row never gets one twice."""
         self.ids: list[str] = []
 
     # -- helpers -----------------------------------------------------------------------------
@@ -211,9 +213,18 @@ class _DriverMachine(RuleBasedStateMachine):
         )
 
     def _pick_claim(self, data: st.DataObject) -> ClaimedJob:
-        """A claim handed out earlier: one of the latest (likely still holding) or any."""
-        recent = st.sampled_from(self.claims[-3:])
-        return data.draw(recent | st.sampled_from(self.claims), label="claim")
+        """A claim handed out earlier: one that still holds its row, one whose row another
+        claim took over since (the write fencing exists for), or any."""
+        holding, superseded = [], []
+        for job in self.claims:
+            row = self.model.rows[job.id]
+            if row.held_by(job.claim):
+                holding.append(job)
+            elif row.state is JobState.RUNNING:
+                superseded.append(job)
+        choices = [st.sampled_from(pool) for pool in (holding, superseded) if pool]
+        picked: ClaimedJob = data.draw(st.one_of(*choices, st.sampled_from(self.claims)), "claim")
+        return picked
 
     # -- rules -------------------------------------------------------------------------------
 
@@ -255,10 +266,13 @@ class _DriverMachine(RuleBasedStateMachine):
         worker=st.sampled_from(_WORKERS),
         queue=st.sampled_from(_QUEUES),
         visibility_timeout=st.sampled_from(_VISIBILITY),
+        drop_exhausted=st.sampled_from([frozenset(), frozenset(_NAMES)]),
     )
-    def claim_one(self, worker: str, queue: str, visibility_timeout: int) -> None:
+    def claim_one(
+        self, worker: str, queue: str, visibility_timeout: int, drop_exhausted: frozenset[str]
+    ) -> None:
         """A worker with one free slot, the commonest claim there is."""
-        self._claim(worker, {queue: 1}, visibility_timeout, frozenset())
+        self._claim(worker, {queue: 1}, visibility_timeout, drop_exhausted)
 
     def _claim(
         self,
@@ -291,7 +305,7 @@ class _DriverMachine(RuleBasedStateMachine):
                 f"and may also bury {sorted(plan.may_bury)!r}"
             )
         for job in batch.jobs:
-            token = (job.claim.worker_id, job.claim.claim)
+            token = (job.id, job.claim.worker_id, job.claim.claim)
             if job.claim.worker_id != worker or token in self.tokens:
                 raise AssertionError(f"{what} handed {job.id} out under a reused claim {token!r}")
             self.tokens.add(token)
@@ -419,6 +433,7 @@ def check_against_reference(
         max_examples=max_examples or _env_count(EXAMPLES_ENV, DEFAULT_EXAMPLES),
         stateful_step_count=step_count or _env_count(STEPS_ENV, DEFAULT_STEPS),
         deadline=None,
+        report_multiple_bugs=False,
         suppress_health_check=[
             HealthCheck.too_slow,
             HealthCheck.filter_too_much,
