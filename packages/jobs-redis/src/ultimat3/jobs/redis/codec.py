@@ -135,12 +135,16 @@ def _at(row: Mapping[str, str], field: str) -> datetime | None:
 
 
 def read_row(row: Mapping[str, str]) -> JobRow:
+    """A row as the operator sees it; the claim fields a row keeps after it stopped running
+    (the scripts leave them, see ``move``) are read only while it runs."""
+    state = JobState(row["state"])
+    running = state is JobState.RUNNING
     return JobRow(
         id=row["id"],
         run_id=row["run_id"],
         name=row["name"],
         queue=row["queue"],
-        state=JobState(row["state"]),
+        state=state,
         input=json.loads(row["input"]),
         idempotency_key=row["key"],
         tenant_id=row.get("tenant"),
@@ -152,43 +156,50 @@ def read_row(row: Mapping[str, str]) -> JobRow:
         finished_at=_at(row, "finished"),
         last_error=row.get("error"),
         progress=_progress(row.get("progress")),
-        worker_id=row.get("worker"),
-        lease_until=_at(row, "lease"),
+        worker_id=row.get("worker") if running else None,
+        lease_until=_at(row, "lease") if running else None,
         enqueued_by=row.get("by"),
         traceparent=row.get("trace"),
     )
 
 
-def read_claimed(row: Mapping[str, str], steps: Sequence[str]) -> ClaimedJob:
+def read_claimed(values: Sequence[Any], steps: Sequence[str]) -> ClaimedJob:
+    """A claimed row from the claim script's ``CLAIMED_FIELDS`` values, in that order (only
+    tenant, enqueued_by and traceparent may be None)."""
+    (job_id, run_id, name, queue, payload, key, tenant, attempt, max_attempts, run_at) = values[:10]
+    (created, lease, worker, claim, enqueued_by, traceparent) = values[10:]
     return ClaimedJob(
-        id=row["id"],
-        run_id=row["run_id"],
-        name=row["name"],
-        queue=row["queue"],
-        input=json.loads(row["input"]),
-        idempotency_key=row["key"],
-        tenant_id=row.get("tenant"),
-        attempt=int(row["attempt"]),
-        max_attempts=int(row["max"]),
-        run_at=from_us(row["run_at"]),
-        created_at=from_us(row["created"]),
-        lease_until=from_us(row["lease"]),
-        claim=ClaimRef(row["worker"], row["claim"]),
-        steps=decode_steps(steps),
-        enqueued_by=row.get("by"),
-        traceparent=row.get("trace"),
+        id=job_id,
+        run_id=run_id,
+        name=name,
+        queue=queue,
+        input=json.loads(payload),
+        idempotency_key=key,
+        tenant_id=tenant,
+        attempt=int(attempt),
+        max_attempts=int(max_attempts),
+        run_at=from_us(run_at),
+        created_at=from_us(created),
+        lease_until=from_us(lease),
+        claim=ClaimRef(worker, claim),
+        steps=decode_steps(steps) if steps else {},
+        enqueued_by=enqueued_by,
+        traceparent=traceparent,
     )
 
 
-def read_exhausted(row: Mapping[str, str]) -> ExhaustedJob:
+def read_exhausted(values: Sequence[Any]) -> ExhaustedJob:
+    """A buried row from the claim script's ``EXHAUSTED_FIELDS`` values, in that order (only
+    tenant may be None)."""
+    job_id, run_id, name, queue, payload, tenant, attempt, max_attempts, state = values
     return ExhaustedJob(
-        id=row["id"],
-        run_id=row["run_id"],
-        name=row["name"],
-        queue=row["queue"],
-        input=json.loads(row["input"]),
-        tenant_id=row.get("tenant"),
-        attempt=int(row["attempt"]),
-        max_attempts=int(row["max"]),
-        state=JobState(row["state"]),
+        id=job_id,
+        run_id=run_id,
+        name=name,
+        queue=queue,
+        input=json.loads(payload),
+        tenant_id=tenant,
+        attempt=int(attempt),
+        max_attempts=int(max_attempts),
+        state=JobState(state),
     )

@@ -40,7 +40,6 @@ from .backfills import RedisBackfillLedger
 from .coalesce import Coalescer
 from .codec import (
     encode_step,
-    fields,
     from_us,
     optional,
     read_claimed,
@@ -74,7 +73,8 @@ _STATES = (
 )
 """The order ``stats.lua`` answers its counts in (``STATES`` in the prelude)."""
 
-_Settle = tuple[str, str, str, str, str, str, str, str, str]
+_Settle = tuple[str, ...]
+"""One settle as ``settle.lua`` reads it: an ack's five fields or a nack's ten."""
 _Renewal = tuple[str, str, str, str]
 
 
@@ -182,17 +182,15 @@ class RedisJobDriver:
         args += drop_exhausted
         claimed, exhausted = await self._ns.call("claim", *args, now=now)
         return ClaimBatch(
-            jobs=[read_claimed(fields(row), steps) for row, steps in claimed],
-            exhausted=[read_exhausted(fields(row)) for row in exhausted],
+            jobs=[read_claimed(values, steps) for values, steps in claimed],
+            exhausted=[read_exhausted(values) for values in exhausted],
         )
 
     # -- settles and renewals, coalesced ------------------------------------------------------
 
     async def ack(self, job_id: str, options: AckOptions) -> bool:
         duration = "" if options.duration_ms is None else str(options.duration_ms)
-        return await self._settles.submit(
-            (job_id, options.worker_id, options.claim, "done", "done", duration, "", "", "1")
-        )
+        return await self._settles.submit(("a", job_id, options.worker_id, options.claim, duration))
 
     async def nack(self, job_id: str, options: NackOptions) -> bool:
         target = nack_state(options)
@@ -201,6 +199,7 @@ class RedisJobDriver:
             run_at = to_us(options.run_at or self._ns.clock.now())
         return await self._settles.submit(
             (
+                "n",
                 job_id,
                 options.worker_id,
                 options.claim,
@@ -265,12 +264,13 @@ class RedisJobDriver:
     async def close(self) -> None:
         await self._settles.drain()
         await self._renewals.drain()
+        await self._ns.close()
         if self._owns_client:
             await self._ns.client.aclose()
 
 
 def _require_text_responses(client: Redis) -> None:
-    if not client.connection_pool.connection_kwargs.get("decode_responses"):
+    if not client.get_encoder().decode_responses:  # type: ignore[no-untyped-call]
         raise InvariantError(
             "the Redis client must decode responses to str; build it with "
             "redis.asyncio.Redis.from_url(url, decode_responses=True), or pass url= instead",

@@ -67,3 +67,6 @@ class Namespace:
         bucket = bucket_start(at, _MINUTE)
         header = (to_us(at), self._done_ttl_us, f"{_MINUTE}:{int(bucket.timestamp())}")
         return await self._run(name, [self.base, *keys], [*header, *args])
+
+    async def close(self) -> None:
+        await self._run.close()

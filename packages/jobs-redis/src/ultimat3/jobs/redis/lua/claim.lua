@@ -2,8 +2,8 @@
 -- ARGV[4] worker id, ARGV[5] claim token base, ARGV[6] lease_until, ARGV[7] the last_error of a
 -- buried row, ARGV[8] = how many queues, then (queue, free slots) pairs, then how many names
 -- are in drop_exhausted, then those names.
--- Answers {claimed, exhausted}: claimed rows as {row fields, step fields}, buried rows as their
--- fields after the burial.
+-- Answers {claimed, exhausted}: each claimed row as {CLAIMED_FIELDS values, step fields}, each
+-- buried row as its EXHAUSTED_FIELDS values after the burial (the orders codec.py reads).
 --
 -- Guarantees (atomic): per queue in the order asked, skipping paused queues, up to `free` rows
 -- due now (ready, delayed or suspended with run_at <= now; running rows whose lease lapsed) in
@@ -22,27 +22,28 @@ local function before(x, y)
   return bytes_lt(x[2], y[2])
 end
 
+local CLAIMED_FIELDS = {'id', 'run_id', 'name', 'queue', 'input', 'key', 'tenant', 'attempt',
+  'max', 'run_at', 'created', 'lease', 'worker', 'claim', 'by', 'trace'}
+local EXHAUSTED_FIELDS = {'id', 'run_id', 'name', 'queue', 'input', 'tenant', 'attempt', 'max',
+  'state'}
 local claimed, exhausted = {}, {}
 local seq = 0
 
 local function take(row)
-  local jk = k_job(row.id)
-  redis.call('HINCRBY', jk, 'attempt', 1)
-  move(row, 'running')
   seq = seq + 1
-  redis.call('HSET', jk, 'worker', worker, 'claim', base .. '.' .. seq, 'lease', lease_until)
+  move(row, 'running', {'attempt', row.attempt + 1, 'worker', worker, 'claim', base .. '.' .. seq,
+    'lease', lease_until})
   redis.call('ZADD', k_lease(row.queue), lease_until, row.id)
-  claimed[#claimed + 1] = {redis.call('HGETALL', jk), redis.call('HGETALL', k_steps(row.run_id))}
+  claimed[#claimed + 1] = {redis.call('HMGET', k_job(row.id), unpack(CLAIMED_FIELDS)),
+    redis.call('HGETALL', k_steps(row.run_id))}
 end
 
-local function bury(row, name)
-  local jk = k_job(row.id)
+local function bury(row)
   local kind = 'dead'
-  if drop[name] then kind = 'failed' end
-  redis.call('HSET', jk, 'error', lapsed_error)
-  move(row, kind)
-  count(name, kind, nil)
-  exhausted[#exhausted + 1] = redis.call('HGETALL', jk)
+  if drop[row.name] then kind = 'failed' end
+  move(row, kind, {'error', lapsed_error})
+  count(row.name, kind, nil)
+  exhausted[#exhausted + 1] = redis.call('HMGET', k_job(row.id), unpack(EXHAUSTED_FIELDS))
 end
 
 for qi = 0, nq - 1 do
@@ -53,7 +54,8 @@ for qi = 0, nq - 1 do
     local due = redis.call('ZRANGEBYSCORE', k_due(q), '-inf', NOW, 'WITHSCORES', 'LIMIT', 0, free)
     local lapsed = {}
     for _, id in ipairs(redis.call('ZRANGEBYSCORE', k_lease(q), '-inf', NOW)) do
-      lapsed[#lapsed + 1] = {tonumber(redis.call('HGET', k_job(id), 'run_at')), id}
+      local row = load(id)
+      lapsed[#lapsed + 1] = {tonumber(row.run_at), id, row}
     end
     table.sort(lapsed, before)
     local i, j, taken = 1, 1, 0
@@ -63,12 +65,10 @@ for qi = 0, nq - 1 do
       if not d and not l then break end
       if l and (not d or before(l, d)) then
         j = j + 1
-        local row = load(l[2])
-        local f = redis.call('HMGET', k_job(l[2]), 'attempt', 'max', 'name')
-        if tonumber(f[1]) >= tonumber(f[2]) then
-          bury(row, f[3])
+        if l[3].attempt >= l[3].max then
+          bury(l[3])
         else
-          take(row)
+          take(l[3])
           taken = taken + 1
         end
       else
@@ -79,4 +79,5 @@ for qi = 0, nq - 1 do
     end
   end
 end
+flush_counts()
 return {claimed, exhausted}

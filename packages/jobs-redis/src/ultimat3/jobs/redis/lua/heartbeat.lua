@@ -8,12 +8,12 @@ for i = 0, n - 1 do
   local id = ARGV[a]
   local jk = k_job(id)
   local f = redis.call('HMGET', jk, 'state', 'worker', 'claim', 'queue')
-  if f[1] ~= 'running' or f[2] ~= ARGV[a + 1] or f[3] ~= ARGV[a + 2] then
-    out[#out + 1] = 0
-  else
+  if f[1] == 'running' and f[2] == ARGV[a + 1] and f[3] == ARGV[a + 2] then
     redis.call('HSET', jk, 'lease', ARGV[a + 3])
     redis.call('ZADD', k_lease(f[4]), ARGV[a + 3], id)
     out[#out + 1] = 1
+  else
+    out[#out + 1] = 0
   end
 end
 return out

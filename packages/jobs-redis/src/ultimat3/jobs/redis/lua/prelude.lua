@@ -58,18 +58,34 @@ local function expiry_parse(member)
   return string.sub(rest, 1, n), string.sub(rest, n + 1)
 end
 
+-- Counter moves are gathered per script call and written once per (job, kind) by
+-- `flush_counts`, so a batch of a hundred settles of one job costs three writes, not three hundred.
+local COUNTS = {}
 local function count(name, kind, duration)
-  redis.call('HINCRBY', k_ctr(name), CTR_BUCKET .. ':' .. kind, 1)
-  if duration ~= nil and duration ~= '' and tonumber(duration) ~= 0 then
-    redis.call('HINCRBY', k_ctr(name), CTR_BUCKET .. ':ms', duration)
+  local per = COUNTS[name]
+  if not per then
+    per = {}
+    COUNTS[name] = per
   end
-  redis.call('SADD', K_CTR_NAMES, name)
+  per[kind] = (per[kind] or 0) + 1
+  if duration ~= nil and duration ~= '' then per.ms = (per.ms or 0) + tonumber(duration) end
+end
+
+local function flush_counts()
+  for name, per in pairs(COUNTS) do
+    for kind, n in pairs(per) do
+      if n ~= 0 then redis.call('HINCRBY', k_ctr(name), CTR_BUCKET .. ':' .. kind, n) end
+    end
+    redis.call('SADD', K_CTR_NAMES, name)
+  end
 end
 
 -- Change a row's state, keeping every index true. `row` holds id, queue, created, lk, run_id,
 -- state (the state it is leaving) and run_at (written, and the due score, when `to` is a due
--- state).
-local function move(row, to)
+-- state); `extra` (optional) is more field/value pairs written in the same HSET. A row leaving
+-- running keeps its worker/claim/lease fields: they mean nothing outside running (every fence
+-- checks the state first, and rows are read without them).
+local function move(row, to, extra)
   local id, q, from = row.id, row.queue, row.state
   local jk = k_job(id)
   if from ~= to then
@@ -81,27 +97,32 @@ local function move(row, to)
   elseif DUE[from] then
     redis.call('ZREM', k_due(q), id)
   end
-  if from == 'running' and to ~= 'running' then
-    redis.call('ZREM', k_lease(q), id)
-    redis.call('HDEL', jk, 'worker', 'claim', 'lease')
-  end
+  if from == 'running' and to ~= 'running' then redis.call('ZREM', k_lease(q), id) end
   if from == 'done' and to ~= 'done' then
     redis.call('ZREM', k_expiry(q), expiry_member(id, row.run_id))
     redis.call('PERSIST', jk)
     redis.call('PERSIST', k_steps(row.run_id))
   end
+  -- A live row always holds its own live key: every insert and requeue takes the key only when
+  -- no live row holds it.
   if LIVE[from] and not LIVE[to] then
-    if redis.call('HGET', K_LIVE, row.lk) == id then redis.call('HDEL', K_LIVE, row.lk) end
+    redis.call('HDEL', K_LIVE, row.lk)
   elseif LIVE[to] and not LIVE[from] then
     redis.call('HSET', K_LIVE, row.lk, id)
   end
+  local set = extra or {}
+  set[#set + 1] = 'state'
+  set[#set + 1] = to
+  set[#set + 1] = 'updated'
+  set[#set + 1] = NOW
   if DUE[to] then
-    redis.call('HSET', jk, 'state', to, 'updated', NOW, 'run_at', row.run_at)
-  elseif LIVE[to] then
-    redis.call('HSET', jk, 'state', to, 'updated', NOW)
-  else
-    redis.call('HSET', jk, 'state', to, 'updated', NOW, 'finished', NOW)
+    set[#set + 1] = 'run_at'
+    set[#set + 1] = row.run_at
+  elseif not LIVE[to] then
+    set[#set + 1] = 'finished'
+    set[#set + 1] = NOW
   end
+  redis.call('HSET', jk, unpack(set))
   if to == 'done' and DONE_TTL > 0 then
     -- The sweep below removes the row on the driver's clock; the key TTL (server time) is the
     -- backstop that frees the row even if no driver ever touches this queue again.
@@ -115,12 +136,20 @@ local function move(row, to)
   row.state = to
 end
 
--- The row fields `move` needs, or nil when the row does not exist.
+-- The row fields `move` and the fences need, or nil when the row does not exist.
 local function load(id)
-  local f = redis.call('HMGET', k_job(id), 'state', 'queue', 'created', 'lk', 'run_id', 'run_at')
+  local f = redis.call('HMGET', k_job(id), 'state', 'queue', 'created', 'lk', 'run_id', 'run_at',
+    'attempt', 'max', 'name', 'worker', 'claim')
   if not f[1] then return nil end
   return {id = id, state = f[1], queue = f[2], created = f[3], lk = f[4], run_id = f[5],
-          run_at = f[6]}
+          run_at = f[6], attempt = tonumber(f[7]), max = tonumber(f[8]), name = f[9],
+          worker = f[10], claim = f[11]}
+end
+
+-- Whether `row` is running under exactly this worker and claim: the fence of every write a run
+-- makes after its claim.
+local function owned(row, worker, claim)
+  return row ~= nil and row.state == 'running' and row.worker == worker and row.claim == claim
 end
 
 -- Release one row's share of its run: the steps go when no row names the run any more.

@@ -1,34 +1,42 @@
 -- settle: acks and nacks of many rows in one call, each fenced on its own claim.
--- ARGV[4] = how many settles; then 9 fields each: id, worker id, claim token, target state,
--- counter kind ("" none), duration ms ("" none), error (optional: "" or "=" .. text), run_at (""
--- keeps it), count_attempt ("1"/"0"). Answers 1 (landed) or 0 (the claim no longer holds the
--- row) per settle, in order.
+-- ARGV[4] = how many settles; then each is
+--   "a", id, worker id, claim token, duration ms ("" none)                       (an ack), or
+--   "n", id, worker id, claim token, target state, counter kind ("" none), duration ms ("" none),
+--        error (optional), run_at ("" keeps it), count_attempt ("1"/"0")        (a nack).
+-- Answers 1 (landed) or 0 (the claim no longer holds the row) per settle, in order.
 --
 -- Guarantees (atomic per call): a settle lands only while its row is running under exactly that
--- worker and claim; then the row moves to its target, the attempt is handed back when not
--- counted, and the per-job counter moves in this same call. Rows of the settled queues whose
--- done TTL passed are swept.
+-- worker and claim; then the row moves to its target (an ack: done), the attempt is handed back
+-- when not counted, and the per-job counter moves in this same call. Rows of the settled queues
+-- whose done TTL passed are swept.
 local SWEEP_LIMIT = 200
-local n = tonumber(ARGV[4])
 local out, queues = {}, {}
-for i = 0, n - 1 do
-  local a = 5 + i * 9
-  local id = ARGV[a]
-  local jk = k_job(id)
-  local f = redis.call('HMGET', jk, 'state', 'worker', 'claim', 'name')
-  if f[1] ~= 'running' or f[2] ~= ARGV[a + 1] or f[3] ~= ARGV[a + 2] then
+local a = 5
+for _ = 1, tonumber(ARGV[4]) do
+  local ack = ARGV[a] == 'a'
+  local row = load(ARGV[a + 1])
+  if not owned(row, ARGV[a + 2], ARGV[a + 3]) then
     out[#out + 1] = 0
+  elseif ack then
+    move(row, 'done')
+    count(row.name, 'done', ARGV[a + 4])
+    out[#out + 1] = 1
   else
-    local row = load(id)
-    if ARGV[a + 8] == '0' then redis.call('HINCRBY', jk, 'attempt', -1) end
-    local err = ARGV[a + 6]
-    if err ~= '' then redis.call('HSET', jk, 'error', string.sub(err, 2)) end
-    if ARGV[a + 7] ~= '' then row.run_at = ARGV[a + 7] end
-    move(row, ARGV[a + 3])
-    if ARGV[a + 4] ~= '' then count(f[4], ARGV[a + 4], ARGV[a + 5]) end
-    queues[row.queue] = true
+    local extra = {}
+    if ARGV[a + 9] == '0' then extra = {'attempt', row.attempt - 1} end
+    local err = optional(ARGV[a + 7])
+    if err then
+      extra[#extra + 1] = 'error'
+      extra[#extra + 1] = err
+    end
+    if ARGV[a + 8] ~= '' then row.run_at = ARGV[a + 8] end
+    move(row, ARGV[a + 4], extra)
+    if ARGV[a + 5] ~= '' then count(row.name, ARGV[a + 5], ARGV[a + 6]) end
     out[#out + 1] = 1
   end
+  if row then queues[row.queue] = true end
+  if ack then a = a + 5 else a = a + 10 end
 end
+flush_counts()
 for q in pairs(queues) do sweep(q, SWEEP_LIMIT) end
 return out
