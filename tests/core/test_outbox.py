@@ -1,0 +1,404 @@
+"""The transactional outbox: staging inside a transaction, and the relay that publishes after it."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+from support.eventually import run_clock, settle, until
+
+from ultimat3.jobs.core import (
+    AckOptions,
+    Enqueued,
+    EnqueueRequest,
+    FrozenClock,
+    InvariantError,
+    JobFilter,
+    JobState,
+    OutboxNoTxError,
+    job,
+    job_worker,
+    memory_outbox_store,
+    outbox_jobs_facade,
+    outbox_relay,
+    set_jobs_facade,
+)
+from ultimat3.jobs.core.memory import MemoryJobDriver, MemoryOutboxStore
+
+
+@dataclass
+class Invoice:
+    n: int
+
+
+ran: list[int] = []
+
+
+@job(input=Invoice, idempotency_key=lambda i: f"invoice:{i.n}", tenant="none", queue="billing")
+async def bill(*, input: Invoice) -> None:
+    ran.append(input.n)
+
+
+@pytest.fixture
+def store(clock: FrozenClock) -> MemoryOutboxStore:
+    return memory_outbox_store(clock=clock)
+
+
+@pytest.fixture
+def installed(driver: MemoryJobDriver, store: MemoryOutboxStore) -> MemoryOutboxStore:
+    """The outbox facade installed over the memory store's transactions."""
+    ran.clear()
+    set_jobs_facade(outbox_jobs_facade(store=store, driver=driver, current_tx=store.current_tx))
+    return store
+
+
+async def job_rows(driver: MemoryJobDriver) -> list[Any]:
+    page = await driver.introspect.list(JobFilter(queue="billing", limit=200))
+    return sorted(page.rows, key=lambda row: row.idempotency_key)
+
+
+def relay_of(store: MemoryOutboxStore, driver: Any, clock: FrozenClock, **options: Any) -> Any:
+    return outbox_relay(store=store, driver=driver, clock=clock, drain_on_shutdown=False, **options)
+
+
+# -- the facade ---------------------------------------------------------------------------------
+
+
+async def test_a_staged_enqueue_answers_the_ids_of_the_job_it_will_become(
+    driver: MemoryJobDriver, clock: FrozenClock, installed: MemoryOutboxStore
+) -> None:
+    async with installed.transaction():
+        queued = await bill.enqueue(Invoice(1))
+    assert (queued.id, queued.run_id, queued.deduped) != ("", "", True)
+    assert await job_rows(driver) == []
+    await relay_of(installed, driver, clock).run_once()
+    (row,) = await job_rows(driver)
+    assert (row.id, row.run_id) == (queued.id, queued.run_id)
+
+
+async def test_an_enqueue_in_a_transaction_that_rolls_back_never_becomes_a_job(
+    driver: MemoryJobDriver, clock: FrozenClock, installed: MemoryOutboxStore
+) -> None:
+
+    async def checkout() -> None:
+        async with installed.transaction():
+            await bill.enqueue(Invoice(1))
+            raise RuntimeError("the order insert failed")
+
+    with pytest.raises(RuntimeError):
+        await checkout()
+    assert installed.retained() == []
+    assert await relay_of(installed, driver, clock).run_once() == 0
+    assert await job_rows(driver) == []
+
+
+async def test_outside_a_transaction_the_enqueue_publishes_directly(
+    driver: MemoryJobDriver, installed: MemoryOutboxStore
+) -> None:
+    queued = await bill.enqueue(Invoice(1))
+    (row,) = await job_rows(driver)
+    assert row.id == queued.id
+    assert installed.retained() == []
+
+
+async def test_a_required_outbox_refuses_an_enqueue_outside_a_transaction(
+    driver: MemoryJobDriver, store: MemoryOutboxStore
+) -> None:
+    set_jobs_facade(
+        outbox_jobs_facade(store=store, driver=driver, current_tx=store.current_tx, mode="required")
+    )
+    with pytest.raises(OutboxNoTxError) as raised:
+        await bill.enqueue(Invoice(1))
+    assert raised.value.code == "X_OUTBOX_NO_TX"
+    async with store.transaction():
+        await bill.enqueue(Invoice(2))
+    assert len(store.retained()) == 1
+
+
+def test_an_unknown_mode_is_refused(driver: MemoryJobDriver, store: MemoryOutboxStore) -> None:
+    with pytest.raises(InvariantError):
+        outbox_jobs_facade(store=store, driver=driver, current_tx=store.current_tx, mode="maybe")  # type: ignore[arg-type]
+
+
+# -- the store ----------------------------------------------------------------------------------
+
+
+def request(n: int) -> EnqueueRequest:
+    return bill.request(Invoice(n))
+
+
+async def test_a_claim_hands_out_rows_in_staged_order(
+    store: MemoryOutboxStore, clock: FrozenClock
+) -> None:
+    staged = []
+    for n in range(5):
+        staged.append(request(n))
+        await store.stage(staged[-1])
+        clock.advance(0.001 if n % 2 else 0)
+    claimed = await store.claim(claimant="r1", limit=3, lease=30)
+    assert [r.request.id for r in claimed] == [s.id for s in staged[:3]]
+    assert {r.claimed_by for r in claimed} == {"r1"}
+
+
+async def test_a_claimed_row_is_nobody_elses_until_its_lease_lapses(
+    store: MemoryOutboxStore, clock: FrozenClock
+) -> None:
+    await store.stage(request(1))
+    assert len(await store.claim(claimant="r1", limit=10, lease=30)) == 1
+    assert await store.claim(claimant="r2", limit=10, lease=30) == []
+    clock.advance(30)
+    assert [r.claimed_by for r in await store.claim(claimant="r2", limit=10, lease=30)] == ["r2"]
+
+
+async def test_release_and_mark_published_move_only_the_claimants_rows(
+    store: MemoryOutboxStore, clock: FrozenClock
+) -> None:
+    staged = request(1)
+    await store.stage(staged)
+    await store.claim(claimant="stalled", limit=10, lease=30)
+    clock.advance(31)
+    await store.claim(claimant="current", limit=10, lease=30)
+    assert await store.release([staged.id], claimant="stalled") == 0
+    assert await store.mark_published([staged.id], claimant="stalled") == 0
+    assert [r.claimed_by for r in store.retained()] == ["current"]
+    assert await store.mark_published([staged.id], claimant="current") == 1
+    assert store.retained() == []
+
+
+# -- the relay ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "30s"])
+def test_a_claim_lease_that_is_not_a_positive_whole_number_of_ms_is_refused(
+    driver: MemoryJobDriver, store: MemoryOutboxStore, bad: Any
+) -> None:
+    with pytest.raises(InvariantError) as raised:
+        outbox_relay(store=store, driver=driver, claim_lease_ms=bad)
+    assert raised.value.code == "X_INVARIANT"
+
+
+async def test_the_relay_publishes_in_staged_order_and_wakes_this_processs_worker(
+    driver: MemoryJobDriver, clock: FrozenClock, installed: MemoryOutboxStore
+) -> None:
+    async with installed.transaction():
+        for n in range(3):
+            await bill.enqueue(Invoice(n))
+    relay = relay_of(installed, driver, clock)
+    async with job_worker(
+        driver=driver, context=lambda: None, jobs=[bill], concurrency=1, clock=clock
+    ):
+        await settle()
+        relay.start()
+        await until(lambda: ran == [0, 1, 2])
+        await relay.stop()
+    assert installed.retained() == []
+
+
+class FlakyDriver:
+    """The memory driver, whose ``enqueue_many`` can be made to fail or to hang."""
+
+    def __init__(self, driver: MemoryJobDriver) -> None:
+        self.inner = driver
+        self.fail = 0
+        self.gate: asyncio.Event | None = None
+        self.published: list[list[str]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def enqueue_many(self, requests: Sequence[EnqueueRequest]) -> list[Enqueued]:
+        if self.fail:
+            self.fail -= 1
+            raise ConnectionError("pool blip")
+        gate = self.gate
+        if gate is not None:
+            await gate.wait()
+        self.published.append([r.id for r in requests])
+        return await self.inner.enqueue_many(requests)
+
+
+async def test_a_failed_publish_stops_the_batch_and_hands_it_back_at_once(
+    driver: MemoryJobDriver, clock: FrozenClock, store: MemoryOutboxStore
+) -> None:
+    staged = [request(n) for n in range(3)]
+    for item in staged:
+        await store.stage(item)
+    flaky = FlakyDriver(driver)
+    flaky.fail = 1
+    relay = relay_of(store, flaky, clock)
+    with pytest.raises(ConnectionError):
+        await relay.run_once()
+    assert [r.claimed_by for r in store.retained()] == [None, None, None]
+    assert await relay.run_once() == 3  # the next pass, not a lease window later
+    assert flaky.published == [[s.id for s in staged]]
+
+
+async def test_a_crash_between_publish_and_retire_republishes_into_the_same_job(
+    driver: MemoryJobDriver, clock: FrozenClock, store: MemoryOutboxStore
+) -> None:
+    staged = request(1)
+    await store.stage(staged)
+    first = relay_of(store, driver, clock)
+    original = store.mark_published
+
+    async def crash(ids: Sequence[str], *, claimant: str) -> int:
+        raise SystemExit("the relay process died here")
+
+    store.mark_published = crash  # type: ignore[method-assign]
+    with pytest.raises(SystemExit):
+        await first.run_once()
+    store.mark_published = original  # type: ignore[method-assign]
+    # The job ran and finished before the row comes round again.
+    claimed = await driver.claim(worker_id="w", slots={"billing": 1}, visibility_timeout=30)
+    await driver.ack(claimed.jobs[0].id, _ack(claimed.jobs[0]))
+    clock.advance(30)
+    assert await relay_of(store, driver, clock).run_once() == 1
+    rows = await job_rows(driver)
+    assert [(row.id, row.state) for row in rows] == [(staged.id, JobState.DONE)]
+    assert store.retained() == []
+
+
+def _ack(claimed: Any) -> AckOptions:
+    return AckOptions(claimed.claim.worker_id, claimed.claim.claim)
+
+
+async def test_two_relays_never_hold_one_batch(
+    driver: MemoryJobDriver, clock: FrozenClock, store: MemoryOutboxStore
+) -> None:
+    for n in range(3):
+        await store.stage(request(n))
+    slow = FlakyDriver(driver)
+    slow.gate = asyncio.Event()
+    first = relay_of(store, slow, clock)
+    publishing = asyncio.ensure_future(first.run_once())
+    await settle()
+    assert await relay_of(store, driver, clock).run_once() == 0
+    slow.gate.set()
+    assert await publishing == 3
+    assert len(await job_rows(driver)) == 3
+
+
+async def test_a_relay_that_stalls_past_its_lease_retires_nothing_another_relay_reclaimed(
+    driver: MemoryJobDriver, clock: FrozenClock, store: MemoryOutboxStore
+) -> None:
+    staged = request(1)
+    await store.stage(staged)
+    stalled_driver = FlakyDriver(driver)
+    stalled_driver.gate = asyncio.Event()
+    stalled = relay_of(store, stalled_driver, clock, claim_lease_ms=30_000)
+    stalled_pass = asyncio.ensure_future(stalled.run_once())
+    await settle()
+    clock.advance(31)  # its lease lapses mid-publish
+    current_driver = FlakyDriver(driver)
+    current_driver.gate = asyncio.Event()
+    current = relay_of(store, current_driver, clock)
+    current_pass = asyncio.ensure_future(current.run_once())
+    await settle()
+    # The stalled relay wakes while the current one is mid-publish on the same row.
+    stalled_driver.gate.set()
+    await stalled_pass
+    (row,) = store.retained()
+    assert row.claimed_by is not None
+    assert row.claimed_by.startswith(current.id)
+    current_driver.gate.set()
+    await current_pass
+    assert store.retained() == []
+    assert [r.id for r in await job_rows(driver)] == [staged.id]
+
+
+async def test_a_pass_that_throws_is_logged_and_the_loop_rearms(
+    driver: MemoryJobDriver,
+    clock: FrozenClock,
+    store: MemoryOutboxStore,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    await store.stage(request(1))
+    flaky = FlakyDriver(driver)
+    flaky.fail = 1
+    relay = relay_of(store, flaky, clock)
+    with caplog.at_level(logging.ERROR, logger="ultimat3.jobs"):
+        relay.start()
+        await settle()
+        await run_clock(clock, 0.2)
+        await until(lambda: store.retained() == [])
+        await relay.stop()
+    assert [r for r in caplog.records if getattr(r, "event", "") == "jobs.outbox.tick-failed"]
+
+
+async def test_idle_the_relay_backs_off_from_its_interval_to_the_ceiling(
+    driver: MemoryJobDriver, clock: FrozenClock, store: MemoryOutboxStore
+) -> None:
+    claims: list[datetime] = []
+    original = store.claim
+
+    async def spy(**kwargs: Any) -> Any:
+        claims.append(clock.now())
+        return await original(**kwargs)
+
+    store.claim = spy  # type: ignore[method-assign]
+    start = clock.now()
+    relay = relay_of(store, driver, clock)
+    relay.start()
+    await run_clock(clock, 8)
+    await relay.stop()
+    offsets = [round((at - start).total_seconds(), 3) for at in claims]
+    assert offsets == [0, 0.2, 0.6, 1.4, 3.0, 5.0, 7.0]
+
+
+async def test_a_full_batch_is_followed_by_another_pass_at_once(
+    driver: MemoryJobDriver, clock: FrozenClock, store: MemoryOutboxStore
+) -> None:
+    for n in range(5):
+        await store.stage(request(n))
+    relay = relay_of(store, driver, clock, batch=2)
+    relay.start()
+    await until(lambda: store.retained() == [])  # no clock movement needed
+    await relay.stop()
+
+
+async def test_stop_joins_the_pass_in_flight(
+    driver: MemoryJobDriver, clock: FrozenClock, store: MemoryOutboxStore
+) -> None:
+    await store.stage(request(1))
+    slow = FlakyDriver(driver)
+    slow.gate = asyncio.Event()
+    relay = relay_of(store, slow, clock)
+    relay.start()
+    await settle()
+    stopping = asyncio.ensure_future(relay.stop())
+    await run_clock(clock, 3600)
+    assert not stopping.done()
+    slow.gate.set()
+    await stopping
+    assert store.retained() == []  # the publish and its retire both happened
+
+
+async def test_a_deadline_bound_late_cuts_the_wait_short_and_the_earliest_wins(
+    driver: MemoryJobDriver,
+    clock: FrozenClock,
+    store: MemoryOutboxStore,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    await store.stage(request(1))
+    slow = FlakyDriver(driver)
+    slow.gate = asyncio.Event()
+    relay = relay_of(store, slow, clock)
+    relay.start()
+    await settle()
+    manual = asyncio.ensure_future(relay.stop())
+    await run_clock(clock, 10)
+    with caplog.at_level(logging.ERROR, logger="ultimat3.jobs"):
+        bounded = asyncio.ensure_future(relay.stop(clock.now() + timedelta(seconds=5)))
+        later = asyncio.ensure_future(relay.stop(clock.now() + timedelta(seconds=60)))
+        await run_clock(clock, 5)
+        await until(lambda: manual.done() and bounded.done() and later.done())
+    abandoned = [
+        r for r in caplog.records if getattr(r, "event", "") == "jobs.outbox.drain-abandoned"
+    ]
+    assert len(abandoned) == 1
+    slow.gate.set()
