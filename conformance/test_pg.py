@@ -1,0 +1,45 @@
+"""The shipped conformance suite against the Postgres driver."""
+
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+
+import psycopg
+import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from ultimat3.jobs.core import FrozenClock
+from ultimat3.jobs.pg import SQL_JOBS_TABLE, postgres_job_driver, truncate_tables
+from ultimat3.jobs.testing import ConformanceTarget, job_driver_conformance
+
+
+@pytest.fixture(scope="module")
+def pg_conformance_url(postgres_url: str) -> Iterator[str]:
+    """One database for the whole suite: each test starts from emptied tables, which is much
+    cheaper than a database per test."""
+    name = f"ujobs_conformance_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(f'create database "{name}"')
+    url = make_conninfo("", **{**conninfo_to_dict(postgres_url), "dbname": name})
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(SQL_JOBS_TABLE)
+    try:
+        yield url
+    finally:
+        with psycopg.connect(postgres_url, autocommit=True) as conn:
+            conn.execute(f'drop database if exists "{name}" with (force)')
+
+
+@asynccontextmanager
+async def postgres_target(
+    clock: FrozenClock, request: pytest.FixtureRequest
+) -> AsyncIterator[ConformanceTarget]:
+    driver = postgres_job_driver(request.getfixturevalue("pg_conformance_url"), clock=clock)
+    await truncate_tables(driver.executor)
+    try:
+        yield ConformanceTarget(driver=driver, reset=lambda: truncate_tables(driver.executor))
+    finally:
+        await driver.close()
+
+
+TestPostgresDriver = job_driver_conformance(postgres_target)

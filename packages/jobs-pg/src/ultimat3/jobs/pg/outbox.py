@@ -1,0 +1,194 @@
+"""The transactional outbox on Postgres (``OutboxStore`` over ``x_outbox``).
+
+``stage()`` runs on the CALLER's connection — the one ``jobs_transaction(conn)`` made ambient, or
+whatever ``tx_executor`` answers — so the staged job commits or rolls back with the business rows
+of that transaction. Everything else (the relay's claim, release, mark-published) runs on the
+store's own ``executor``. Each statement is in ``sql_outbox.py`` with what it guarantees.
+
+Wiring (see OUTBOX.md)::
+
+    store = postgres_outbox_store(executor=driver.executor, clock=driver.clock)
+    set_jobs_facade(outbox_jobs_facade(store=store, driver=driver, current_tx=current_tx))
+    relay = outbox_relay(store=store, driver=driver)
+    relay.start()
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any
+
+from psycopg import AsyncConnection
+from psycopg.pq import TransactionStatus
+
+from ultimat3.jobs.core.clock import SYSTEM_CLOCK, Clock
+from ultimat3.jobs.core.durations import Duration, parse_duration
+from ultimat3.jobs.core.errors import OutboxNoTxError
+from ultimat3.jobs.core.model import EnqueueRequest, OutboxRecord
+
+from .executor import PgTarget, pg_executor
+from .rows import dump_json, utc, utc_or_none
+from .sql_outbox import (
+    SQL_OUTBOX_CLAIM,
+    SQL_OUTBOX_MARK_PUBLISHED,
+    SQL_OUTBOX_PURGE,
+    SQL_OUTBOX_RELEASE,
+    SQL_OUTBOX_RETAINED,
+    SQL_OUTBOX_STAGE,
+)
+from .transaction import current_tx
+
+__all__ = ["PostgresOutboxStore", "TxExecutor", "postgres_outbox_store"]
+
+TxExecutor = Callable[[], "AsyncConnection[Any] | None"]
+"""Answers the caller's open transaction — its psycopg connection — or None outside one."""
+
+
+class PostgresOutboxStore:
+    """Staged enqueues in ``x_outbox``. Build it with ``postgres_outbox_store()``."""
+
+    def __init__(self, *, executor: PgTarget, tx_executor: TxExecutor, clock: Clock) -> None:
+        self._executor = pg_executor(executor)
+        self._owns_executor = isinstance(executor, str)
+        self._tx_executor = tx_executor
+        self._clock = clock
+
+    def __repr__(self) -> str:
+        return f"PostgresOutboxStore({self._executor!r})"
+
+    async def stage(self, request: EnqueueRequest) -> None:
+        """Stage ``request`` in the caller's transaction (a statement of its own when there is
+        none, as the memory store does outside ``transaction()``)."""
+        params = _stage_params(request, self._clock)
+        conn = self._tx_executor()
+        if conn is None:
+            await self._executor.fetch(SQL_OUTBOX_STAGE, params)
+            return
+        if conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE:
+            raise OutboxNoTxError(
+                f"{request.name}: the ambient connection has no open transaction, so the staged "
+                "job would commit on its own; enqueue inside `async with jobs_transaction(conn):`",
+                meta={"job": request.name},
+            )
+        await conn.execute(SQL_OUTBOX_STAGE, params)
+
+    async def claim(self, *, claimant: str, limit: int, lease: float) -> list[OutboxRecord]:
+        now = self._clock.now()
+        rows = await self._executor.fetch(
+            SQL_OUTBOX_CLAIM,
+            {
+                "claimant": claimant,
+                "now": now,
+                "lapsed_before": now - timedelta(seconds=lease),
+                "limit": limit,
+            },
+        )
+        return [_record(row) for row in rows]
+
+    async def release(self, ids: Sequence[str], *, claimant: str) -> int:
+        rows = await self._executor.fetch(
+            SQL_OUTBOX_RELEASE, {"ids": list(ids), "claimant": claimant}
+        )
+        return len(rows)
+
+    async def mark_published(self, ids: Sequence[str], *, claimant: str) -> int:
+        rows = await self._executor.fetch(
+            SQL_OUTBOX_MARK_PUBLISHED,
+            {"ids": list(ids), "claimant": claimant, "now": self._clock.now()},
+        )
+        return len(rows)
+
+    async def retained(self, *, limit: int = 1000) -> list[OutboxRecord]:
+        """Rows staged and not yet published, in the order a relay takes them."""
+        rows = await self._executor.fetch(SQL_OUTBOX_RETAINED, {"limit": limit})
+        return [_record(row) for row in rows]
+
+    async def purge_published(self, *, older_than: Duration) -> int:
+        """Delete rows published more than ``older_than`` ago (the audit trail's retention);
+        answers the rows removed. Unpublished rows are never touched."""
+        age = parse_duration(older_than, field="older_than")
+        before = self._clock.now() - timedelta(seconds=age)
+        rows = await self._executor.fetch(SQL_OUTBOX_PURGE, {"before": before})
+        return int(rows[0][0])
+
+    async def close(self) -> None:
+        """Close the pool this store opened from a URL; a pool or executor handed in is left
+        open."""
+        if self._owns_executor:
+            await self._executor.close()
+
+
+def postgres_outbox_store(
+    *,
+    executor: PgTarget,
+    tx_executor: TxExecutor | None = None,
+    clock: Clock = SYSTEM_CLOCK,
+) -> PostgresOutboxStore:
+    """An outbox store on Postgres.
+
+    ``executor`` runs the relay's statements: the driver's ``executor``, a psycopg pool, or a URL
+    (the store then opens a pool of its own; ``close()`` it). ``tx_executor`` answers the
+    caller's open transaction — by default ``current_tx``, the connection of the enclosing
+    ``jobs_transaction(conn)`` block; pass your own to join transactions another layer opened.
+    ``clock`` stamps ``staged_at`` and decides claim leases: give it the driver's.
+    """
+    return PostgresOutboxStore(
+        executor=executor, tx_executor=tx_executor or current_tx, clock=clock
+    )
+
+
+def _stage_params(request: EnqueueRequest, clock: Clock) -> dict[str, Any]:
+    return {
+        "id": request.id,
+        "run_id": request.run_id,
+        "name": request.name,
+        "queue": request.queue,
+        "input": dump_json(request.input),
+        "idempotency_key": request.idempotency_key,
+        "tenant_id": request.tenant_id,
+        "max_attempts": request.max_attempts,
+        "run_at": request.run_at,
+        "enqueued_by": request.enqueued_by,
+        "traceparent": request.traceparent,
+        "staged_at": clock.now(),
+    }
+
+
+def _record(row: Sequence[Any]) -> OutboxRecord:
+    """A row of SQL_OUTBOX_CLAIM / SQL_OUTBOX_RETAINED (columns in the statements' order)."""
+    (
+        job_id,
+        run_id,
+        name,
+        queue,
+        input,
+        idempotency_key,
+        tenant_id,
+        max_attempts,
+        run_at,
+        enqueued_by,
+        traceparent,
+        staged_at,
+        claimed_by,
+        claimed_at,
+    ) = row
+    request = EnqueueRequest(
+        id=job_id,
+        run_id=run_id,
+        name=name,
+        queue=queue,
+        input=input,
+        idempotency_key=idempotency_key,
+        tenant_id=tenant_id,
+        max_attempts=max_attempts,
+        run_at=utc(run_at),
+        enqueued_by=enqueued_by,
+        traceparent=traceparent,
+    )
+    return OutboxRecord(
+        request=request,
+        staged_at=utc(staged_at),
+        claimed_by=claimed_by,
+        claimed_at=utc_or_none(claimed_at),
+    )
