@@ -20,14 +20,18 @@ from .conformance import (  # noqa: E402
     open_conformance,
 )
 from .reference import ReferenceQueue  # noqa: E402
+from .run import DEFAULT_ATTEMPTS_GUARD, RunawayJobsError, run_jobs  # noqa: E402
 
 __all__ = [
     "CONFORMANCE_EPOCH",
+    "DEFAULT_ATTEMPTS_GUARD",
     "Conformance",
     "ConformanceTarget",
     "ReferenceQueue",
+    "RunawayJobsError",
     "TargetFactory",
     "check_against_reference",
     "job_driver_conformance",
     "open_conformance",
+    "run_jobs",
 ]
