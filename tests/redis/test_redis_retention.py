@@ -1,0 +1,174 @@
+"""What the driver keeps and for how long: done rows expire, everything else stays, and memory
+stays bounded (no per-job key outlives its row, no index keeps an entry for a row that is gone)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+
+import pytest
+import redis.asyncio as aioredis
+
+from ultimat3.jobs.core import (
+    AckOptions,
+    EnqueueRequest,
+    FrozenClock,
+    JobState,
+    NackOptions,
+    StepRecord,
+)
+from ultimat3.jobs.redis import RedisJobDriver, redis_job_driver
+
+RequestBuilder = Callable[..., EnqueueRequest]
+
+DAY = timedelta(days=1)
+
+
+async def _done(driver: RedisJobDriver, request: RequestBuilder, *, with_step: bool = True) -> str:
+    """Queue one row, run it (one step) and ack it; its id."""
+    queued = await driver.enqueue(request())
+    (job,) = (await driver.claim(worker_id="w", slots={"q": 1}, visibility_timeout=30)).jobs
+    if with_step:
+        await driver.save_step(job.id, job.claim, job.run_id, StepRecord("s", 0, {"ok": True}))
+    assert await driver.ack(job.id, AckOptions(job.claim.worker_id, job.claim.claim))
+    return queued.id
+
+
+async def _keys(driver: RedisJobDriver) -> set[str]:
+    prefix = driver.namespace.base
+    return {key async for key in driver.client.scan_iter(match=prefix + "*", count=1000)}
+
+
+async def test_a_done_row_and_its_steps_expire_after_done_ttl_on_the_drivers_clock(
+    driver: RedisJobDriver, clock: FrozenClock, new_request: RequestBuilder
+) -> None:
+    job_id = await _done(driver, new_request)
+    detail = await driver.introspect.get(job_id)
+    assert detail is not None
+    clock.advance(7 * DAY - timedelta(seconds=1))
+    await driver.claim(worker_id="w", slots={"q": 1}, visibility_timeout=30)
+    assert await driver.introspect.get(job_id) is not None
+    clock.advance(timedelta(seconds=1))
+    await driver.claim(worker_id="w", slots={"q": 1}, visibility_timeout=30)
+    assert await driver.introspect.get(job_id) is None
+    assert not await driver.client.exists(driver.namespace.key(f"steps:{detail.row.run_id}"))
+    assert await driver.stats() == []
+
+
+async def test_a_done_row_carries_a_server_ttl_as_backstop(
+    driver: RedisJobDriver, new_request: RequestBuilder
+) -> None:
+    job_id = await _done(driver, new_request)
+    detail = await driver.introspect.get(job_id)
+    assert detail is not None
+    row_ttl = await driver.client.pttl(driver.namespace.key(f"job:{job_id}"))
+    steps_ttl = await driver.client.pttl(driver.namespace.key(f"steps:{detail.row.run_id}"))
+    week_ms = 7 * 86_400_000
+    assert week_ms - 60_000 < row_ttl <= week_ms
+    assert week_ms - 60_000 < steps_ttl <= week_ms
+
+
+async def test_a_requeued_done_row_loses_its_ttl(
+    driver: RedisJobDriver, new_request: RequestBuilder
+) -> None:
+    job_id = await _done(driver, new_request)
+    await driver.introspect.requeue(job_id)
+    assert await driver.client.pttl(driver.namespace.key(f"job:{job_id}")) == -1
+
+
+async def test_done_ttl_zero_keeps_done_rows(
+    redis_url: str, redis_prefix: str, clock: FrozenClock, new_request: RequestBuilder
+) -> None:
+    driver = redis_job_driver(url=redis_url, prefix=redis_prefix, clock=clock, done_ttl=0)
+    try:
+        job_id = await _done(driver, new_request)
+        assert await driver.client.pttl(driver.namespace.key(f"job:{job_id}")) == -1
+        clock.advance(400 * DAY)
+        await driver.claim(worker_id="w", slots={"q": 1}, visibility_timeout=30)
+        assert await driver.introspect.get(job_id) is not None
+    finally:
+        await driver.clear()
+        await driver.close()
+
+
+async def test_dead_and_failed_rows_are_kept(
+    driver: RedisJobDriver, clock: FrozenClock, new_request: RequestBuilder
+) -> None:
+    ids = []
+    for options in ({"dead_letter": True}, {"fail": True}):
+        ids.append((await driver.enqueue(new_request())).id)
+        (job,) = (await driver.claim(worker_id="w", slots={"q": 1}, visibility_timeout=30)).jobs
+        nack = NackOptions(job.claim.worker_id, job.claim.claim, error="boom", **options)
+        assert await driver.nack(job.id, nack)
+    clock.advance(400 * DAY)
+    await driver.claim(worker_id="w", slots={"q": 1}, visibility_timeout=30)
+    states = []
+    for job_id in ids:
+        detail = await driver.introspect.get(job_id)
+        assert detail is not None
+        states.append(detail.row.state)
+        assert await driver.client.pttl(driver.namespace.key(f"job:{job_id}")) == -1
+    assert states == [JobState.DEAD, JobState.FAILED]
+
+
+async def test_expired_rows_leave_no_key_and_no_index_entry_behind(
+    driver: RedisJobDriver, clock: FrozenClock, new_request: RequestBuilder
+) -> None:
+    before = await _keys(driver)
+    for _ in range(30):
+        await _done(driver, new_request)
+    clock.advance(8 * DAY)
+    await driver.claim(worker_id="w", slots={"q": 1}, visibility_timeout=30)
+    left = await _keys(driver) - before
+    # What stays is per job NAME (its counter buckets and the name set), never per row.
+    assert {key.removeprefix(driver.namespace.base) for key in left} <= {"ctr:job", "ctrnames"}
+
+
+async def test_a_row_whose_backstop_fired_first_is_still_swept_cleanly(
+    driver: RedisJobDriver, clock: FrozenClock, new_request: RequestBuilder
+) -> None:
+    job_id = await _done(driver, new_request)
+    detail = await driver.introspect.get(job_id)
+    assert detail is not None
+    await driver.client.delete(
+        driver.namespace.key(f"job:{job_id}"), driver.namespace.key(f"steps:{detail.row.run_id}")
+    )
+    clock.advance(8 * DAY)
+    await driver.claim(worker_id="w", slots={"q": 1}, visibility_timeout=30)
+    left = {k.removeprefix(driver.namespace.base) for k in await _keys(driver)}
+    assert left <= {"ctr:job", "ctrnames"}
+    assert not await driver.client.hexists(driver.namespace.key("runs"), detail.row.run_id)
+
+
+async def test_counter_buckets_fold_and_age_out_so_a_name_holds_a_bounded_hash(
+    driver: RedisJobDriver, clock: FrozenClock, new_request: RequestBuilder
+) -> None:
+    for _ in range(3):
+        await _done(driver, new_request, with_step=False)
+        clock.advance(timedelta(minutes=1))
+    clock.advance(31 * DAY)
+    await driver.introspect.rollup_counters()
+    assert await driver.client.hlen(driver.namespace.key("ctr:job")) == 0
+    assert await driver.client.smembers(driver.namespace.key("ctrnames")) == set()
+
+
+async def test_expired_events_leave_nothing_once_purged(driver: RedisJobDriver) -> None:
+    before = await _keys(driver)
+    await driver.events.publish("e", {"n": 1}, ttl=0)
+    assert await driver.events.purge_expired() == 1
+    assert await _keys(driver) == before
+
+
+async def test_an_abandoned_lease_key_carries_a_server_ttl(driver: RedisJobDriver) -> None:
+    await driver.leases.acquire("job:x", "h1", limit=1, ttl=30)
+    ttl = await driver.client.pttl(driver.namespace.key("lease:job:x"))
+    assert 30_000 < ttl <= 3_630_000
+
+
+async def test_the_driver_refuses_a_client_that_does_not_decode(redis_url: str) -> None:
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        with pytest.raises(Exception, match="decode responses"):
+            redis_job_driver(client)
+    finally:
+        await client.aclose()
