@@ -2,6 +2,8 @@
 
 Registered as a pytest plugin by the ``ultimat3-jobs-testing`` distribution, so any project that
 installs it can ask for ``postgres_url``/``pg_database_url`` and ``redis_url``/``redis_prefix``.
+Each server is looked for once per session (see ``services``); one this session started is
+stopped when the session ends.
 """
 
 from __future__ import annotations
@@ -17,13 +19,21 @@ __all__ = ["pg_database_url", "postgres_url", "redis_prefix", "redis_url"]
 
 
 @pytest.fixture(scope="session")
-def _postgres_found() -> Found:
-    return find_postgres()
+def _postgres_found() -> Iterator[Found]:
+    found = find_postgres()
+    try:
+        yield found
+    finally:
+        found.close()
 
 
 @pytest.fixture(scope="session")
-def _redis_found() -> Found:
-    return find_redis()
+def _redis_found() -> Iterator[Found]:
+    found = find_redis()
+    try:
+        yield found
+    finally:
+        found.close()
 
 
 @pytest.fixture(scope="session")
@@ -54,6 +64,7 @@ def pg_database_url(postgres_url: str) -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def redis_url(_redis_found: Found) -> str:
+    """A URL of a Redis server the tests may write prefixed keys to."""
     if _redis_found.url is None:
         pytest.skip(f"no Redis server found: {_redis_found.reason}")
     return _redis_found.url
