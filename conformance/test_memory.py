@@ -1,11 +1,17 @@
-"""The shipped conformance suite against the memory driver."""
+"""The shipped conformance suite against the memory driver and the memory stores."""
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import pytest
 
-from ultimat3.jobs.core import FrozenClock, memory_event_bus, memory_job_driver
+from ultimat3.jobs.core import (
+    FrozenClock,
+    memory_event_bus,
+    memory_job_driver,
+    memory_outbox_store,
+    memory_scheduler_state,
+)
 from ultimat3.jobs.testing import ConformanceTarget, job_driver_conformance
 
 
@@ -13,7 +19,13 @@ from ultimat3.jobs.testing import ConformanceTarget, job_driver_conformance
 async def memory_target(
     clock: FrozenClock, request: pytest.FixtureRequest
 ) -> AsyncIterator[ConformanceTarget]:
-    yield ConformanceTarget(driver=memory_job_driver(clock=clock), events=memory_event_bus(clock))
+    driver = memory_job_driver(clock=clock)
+    yield ConformanceTarget(
+        driver=driver,
+        outbox=memory_outbox_store(clock=clock),
+        events=memory_event_bus(clock),
+        scheduler_state=memory_scheduler_state(driver),
+    )
 
 
 TestMemoryDriver = job_driver_conformance(memory_target)
