@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ultimat3.jobs.core.constants import MAX_TASK_FIRES
 from ultimat3.jobs.core.model import TaskFire
 
 from .target import Conformance
@@ -40,3 +41,10 @@ class TaskFireRules:
             "hourly",
             "weekly",
         ]
+
+    async def test_fires_are_listed_up_to_the_bound(self, jobs: Conformance) -> None:
+        names = [f"task-{n:05d}" for n in range(MAX_TASK_FIRES + 1)]
+        for task in reversed(names):
+            await jobs.introspect.record_task_fire(task, 1_000)
+        fires = await jobs.introspect.task_fires()
+        assert [fire.task for fire in fires] == names[:MAX_TASK_FIRES]
