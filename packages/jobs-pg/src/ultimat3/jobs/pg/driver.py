@@ -21,7 +21,6 @@ from ultimat3.jobs.core.clock import SYSTEM_CLOCK, Clock
 from ultimat3.jobs.core.constants import COUNTER_TIERS, WAKE_DUE_WITHIN_S, WAKE_SLOT_S
 from ultimat3.jobs.core.counters import bucket_start
 from ultimat3.jobs.core.errors import InvariantError
-from ultimat3.jobs.core.ids import new_id
 from ultimat3.jobs.core.model import (
     AckOptions,
     ClaimedJob,
@@ -73,6 +72,7 @@ class PostgresJobDriver:
         settle_batch: int = 1000,
     ) -> None:
         self._executor = pg_executor(target, pool_max=pool_max)
+        self._owns_executor = not isinstance(target, PgExecutor)
         self._clock = clock
         self._introspect = PostgresIntrospection(self._executor, clock)
         self._leases = PostgresLeaseStore(self._executor, clock)
@@ -173,7 +173,6 @@ class PostgresJobDriver:
             return ClaimBatch()
         now = self._clock.now()
         lease_until = now + timedelta(seconds=visibility_timeout)
-        claim = new_id()
         rows = await self._executor.fetch(
             SQL_CLAIM,
             {
@@ -182,7 +181,6 @@ class PostgresJobDriver:
                 "now": now,
                 "lease_until": lease_until,
                 "worker_id": worker_id,
-                "claim": claim,
                 "drop": list(drop_exhausted),
                 "bucket": bucket_start(now, _MINUTE),
             },
@@ -195,9 +193,7 @@ class PostgresJobDriver:
         exhausted: list[ExhaustedJob] = []
         for row in rows:
             if row[0] == "running":
-                jobs.append(
-                    claimed_job(row, worker_id=worker_id, claim=claim, lease_until=lease_until)
-                )
+                jobs.append(claimed_job(row, worker_id=worker_id, lease_until=lease_until))
             else:
                 exhausted.append(exhausted_job(row))
         return ClaimBatch(jobs=jobs, exhausted=exhausted)
@@ -299,11 +295,12 @@ class PostgresJobDriver:
         ]
 
     async def close(self) -> None:
-        """Wait for settles in flight, then close the pool this driver owns (one handed in is
-        left to its owner)."""
+        """Wait for settles in flight, then close the pool this driver opened (a pool,
+        connection or executor handed in is left to its owner)."""
         for coalescer in (self._acks, self._nacks, self._heartbeats):
             await coalescer.drain()
-        await self._executor.close()
+        if self._owns_executor:
+            await self._executor.close()
 
 
 def postgres_job_driver(

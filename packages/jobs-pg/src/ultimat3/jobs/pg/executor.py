@@ -49,6 +49,7 @@ class PgExecutor:
         *,
         pool_min: int = _DEFAULT_POOL_MIN,
         pool_max: int = _DEFAULT_POOL_MAX,
+        open_timeout: float = 30.0,
     ) -> None:
         self._url: str | None = None
         self._pool: AsyncConnectionPool[Any] | None = None
@@ -71,6 +72,7 @@ class PgExecutor:
             )
         self._pool_min = pool_min
         self._pool_max = pool_max
+        self._open_timeout = open_timeout
         self._opening: asyncio.Lock | None = None
         self._closed = False
 
@@ -107,8 +109,9 @@ class PgExecutor:
                     name="ultimat3-jobs",
                 )
                 try:
-                    await pool.open(wait=True, timeout=30)
+                    await pool.open(wait=True, timeout=self._open_timeout)
                 except Exception as exc:
+                    await pool.close()
                     raise DriverUnavailableError(
                         f"could not connect to Postgres: {exc}; check DATABASE_URL and that "
                         "the server is up"
@@ -176,6 +179,10 @@ class PgExecutor:
             except psycopg.OperationalError as exc:
                 if not self._worth_retrying(conn, exc):
                     raise
+        if self._pool is not None:
+            # When one connection died the others most likely did too (a restart, a failover):
+            # have the pool test its idle ones and replace the dead, so the retry gets a live one.
+            await self._pool.check()
         async with self.connection() as conn:
             return await work(conn)
 

@@ -59,9 +59,7 @@ def step_record(name: str, seq: int, output: JsonValue, completed: bool) -> Step
     return StepRecord(name=name, seq=seq, output=output, completed=completed)
 
 
-def claimed_job(
-    row: Sequence[Any], *, worker_id: str, claim: str, lease_until: datetime
-) -> ClaimedJob:
+def claimed_job(row: Sequence[Any], *, worker_id: str, lease_until: datetime) -> ClaimedJob:
     """A taken row of SQL_CLAIM (columns in the statement's order)."""
     (
         _state,
@@ -78,6 +76,7 @@ def claimed_job(
         created_at,
         enqueued_by,
         traceparent,
+        claim,
         steps,
     ) = row
     return ClaimedJob(

@@ -6,7 +6,7 @@ __all__ = ["SQL_CLAIM"]
 
 SQL_CLAIM = """
 -- Parameters: queues[] and limits[] (free slots per queue, element-wise), the claimant's now and
--- lease_until (now + visibility timeout), worker_id and a fresh claim token, drop[] (job names
+-- lease_until (now + visibility timeout), worker_id, drop[] (job names
 -- declaring dead_letter=False) and bucket (the 1-minute counter bucket of now).
 --
 -- Guarantees, in this one statement:
@@ -19,7 +19,8 @@ SQL_CLAIM = """
 --   when its name is in drop[]) with last_error LEASE_LAPSED_FINAL_ATTEMPT, counted, and
 --   returned once (its state names it). Buried rows take no slot: a row is taken or buried
 --   when fewer than the queue's limit of taken rows precede it;
--- * each taken row is running under (worker_id, claim) until lease_until, its attempt raised
+-- * each taken row is running under (worker_id, a fresh claim token of its own) until
+--   lease_until, its attempt raised
 --   by one, and comes back with the steps its run already stored (no statement per job).
 --
 -- Why the CTEs: the candidates must be chosen and locked with a LIMIT before anything is
@@ -81,13 +82,14 @@ taken as (
     set state = 'running',
         attempt = j.attempt + 1,
         worker_id = %(worker_id)s,
-        claim = %(claim)s,
+        claim = gen_random_uuid()::text,
         lease_until = %(lease_until)s,
         updated_at = %(now)s
     from picked p
     where j.id = p.id and not p.exhausted
     returning j.id, j.run_id, j.name, j.queue, j.input, j.idempotency_key, j.tenant_id,
-              j.attempt, j.max_attempts, j.run_at, j.created_at, j.enqueued_by, j.traceparent
+              j.attempt, j.max_attempts, j.run_at, j.created_at, j.enqueued_by, j.traceparent,
+              j.claim
 ),
 buried as (
     update x_jobs j
@@ -117,13 +119,13 @@ counted as (
 )
 select 'running' as state, t.id, t.run_id, t.name, t.queue, t.input, t.idempotency_key,
        t.tenant_id, t.attempt, t.max_attempts, t.run_at, t.created_at, t.enqueued_by,
-       t.traceparent,
+       t.traceparent, t.claim,
        (select json_agg(json_build_array(s.name, s.seq, s.output, s.completed))
         from x_job_steps s
         where s.run_id = t.run_id) as steps
 from taken t
 union all
 select b.state, b.id, b.run_id, b.name, b.queue, b.input, null, b.tenant_id, b.attempt,
-       b.max_attempts, b.run_at, null, null, null, null
+       b.max_attempts, b.run_at, null, null, null, null, null
 from buried b
 """

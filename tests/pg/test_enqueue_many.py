@@ -1,0 +1,91 @@
+"""enqueue_many: a batch is one statement, and answers exactly as enqueueing one by one would."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from ultimat3.jobs.core import EnqueueRequest, FrozenClock, memory_job_driver
+from ultimat3.jobs.pg import PostgresJobDriver
+from ultimat3.jobs.pg.sql_enqueue import SQL_ENQUEUE
+
+pytestmark = pytest.mark.pg
+
+
+def request(
+    clock: FrozenClock, job_id: str, key: str, *, name: str = "n", tenant: str | None = None
+) -> EnqueueRequest:
+    return EnqueueRequest(
+        id=job_id,
+        run_id=f"run-{job_id}",
+        name=name,
+        queue="q",
+        input={"id": job_id},
+        idempotency_key=key,
+        tenant_id=tenant,
+        max_attempts=3,
+        run_at=clock.now(),
+    )
+
+
+def count_enqueue_statements(
+    driver: PostgresJobDriver, monkeypatch: pytest.MonkeyPatch
+) -> list[int]:
+    seen: list[int] = []
+    fetch = driver.executor.fetch
+
+    async def counted(query: str, params: Any = None, **options: Any) -> Any:
+        if query == SQL_ENQUEUE:
+            seen.append(len(params["ids"]))
+        return await fetch(query, params, **options)
+
+    monkeypatch.setattr(driver.executor, "fetch", counted)
+    return seen
+
+
+async def test_a_batch_is_one_statement(
+    driver: PostgresJobDriver, clock: FrozenClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    statements = count_enqueue_statements(driver, monkeypatch)
+    batch = [request(clock, f"id-{n:04}", f"k{n}") for n in range(1000)]
+    answers = await driver.enqueue_many(batch)
+    assert [answer.id for answer in answers] == [r.id for r in batch]
+    assert statements == [1000]
+
+
+@pytest.mark.parametrize(
+    "specs",
+    [
+        pytest.param([("a", "k1"), ("b", "k1")], id="a key twice in one batch"),
+        pytest.param([("a", "k1"), ("a", "k2")], id="an id twice in one batch"),
+        pytest.param([("a", "k1"), ("a", "k1")], id="the same request twice"),
+        pytest.param([("a", "k1"), ("b", "k1"), ("c", "k2"), ("b", "k2")], id="a chain"),
+        pytest.param([("x", "k9"), ("y", "k1")], id="an id and a key already taken"),
+    ],
+)
+async def test_a_batch_answers_as_one_by_one_enqueues_would(
+    driver: PostgresJobDriver, clock: FrozenClock, specs: list[tuple[str, str]]
+) -> None:
+    memory = memory_job_driver(clock=clock)
+    earlier = [request(clock, "x", "k1"), request(clock, "z", "k9")]
+    for target in (driver, memory):
+        await target.enqueue_many(earlier)
+    batch = [request(clock, job_id, key) for job_id, key in specs]
+    assert await driver.enqueue_many(batch) == await memory.enqueue_many(batch)
+    assert await driver.stats() == await memory.stats()
+
+
+async def test_a_batch_of_mixed_due_times_lands_ready_and_delayed(
+    driver: PostgresJobDriver, clock: FrozenClock
+) -> None:
+    later = replace(request(clock, "later", "k2"), run_at=clock.now() + timedelta(minutes=5))
+    await driver.enqueue_many([request(clock, "now", "k1"), later])
+    [stats] = await driver.stats()
+    assert (stats.ready, stats.delayed) == (1, 1)
+
+
+async def test_an_empty_batch_answers_nothing(driver: PostgresJobDriver) -> None:
+    assert await driver.enqueue_many([]) == []

@@ -1,0 +1,160 @@
+"""Faults against the real server: racing claimants, stale settles, connections killed mid-run."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import psycopg
+import pytest
+
+from ultimat3.jobs.core import (
+    SYSTEM_CLOCK,
+    AckOptions,
+    EnqueueRequest,
+    FrozenClock,
+    QueueStats,
+    Retry,
+    job,
+    job_worker,
+    new_id,
+)
+from ultimat3.jobs.pg import PostgresJobDriver, postgres_job_driver
+
+pytestmark = pytest.mark.pg
+
+PATIENCE_S = 60.0
+
+
+def requests(clock: FrozenClock | None, count: int, queue: str = "q") -> list[EnqueueRequest]:
+    now = (clock or SYSTEM_CLOCK).now()
+    return [
+        EnqueueRequest(new_id(), new_id(), "n", queue, {"n": n}, new_id(), None, 3, now)
+        for n in range(count)
+    ]
+
+
+async def terminate_other_backends(url: str) -> int:
+    """Kill every other session on the test database, as an operator (or a failover) would."""
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as admin:
+        cursor = await admin.execute(
+            "select count(pg_terminate_backend(pid)) from pg_stat_activity "
+            "where datname = current_database() and pid <> pg_backend_pid()"
+        )
+        row = await cursor.fetchone()
+        assert row is not None
+        return int(row[0])
+
+
+@pytest.fixture
+async def second(pg_url: str, clock: FrozenClock) -> AsyncIterator[PostgresJobDriver]:
+    """Another process's driver: its own pool on the same database and clock."""
+    other = postgres_job_driver(pg_url, clock=clock)
+    yield other
+    await other.close()
+
+
+async def test_two_claimants_on_one_queue_never_take_the_same_row(
+    driver: PostgresJobDriver, second: PostgresJobDriver, clock: FrozenClock
+) -> None:
+    await driver.enqueue_many(requests(clock, 400))
+    taken: Counter[str] = Counter()
+
+    async def claim_all(claimant: PostgresJobDriver, worker: str) -> None:
+        while True:
+            batch = await claimant.claim(worker_id=worker, slots={"q": 7}, visibility_timeout=30)
+            if not batch.jobs:
+                return
+            taken.update(job.id for job in batch.jobs)
+
+    await asyncio.gather(*(claim_all(d, f"w{n}") for n, d in enumerate([driver, second] * 3)))
+    assert len(taken) == 400
+    assert set(taken.values()) == {1}
+
+
+async def test_a_stale_workers_late_ack_answers_false_and_changes_nothing(
+    driver: PostgresJobDriver, second: PostgresJobDriver, clock: FrozenClock
+) -> None:
+    await driver.enqueue_many(requests(clock, 1))
+    [stale] = (await driver.claim(worker_id="w1", slots={"q": 1}, visibility_timeout=5)).jobs
+    clock.advance(6)
+    [fresh] = (await second.claim(worker_id="w2", slots={"q": 1}, visibility_timeout=5)).jobs
+    before = await second.introspect.get(fresh.id)
+    assert not await driver.ack(stale.id, AckOptions("w1", stale.claim.claim))
+    assert await second.introspect.get(fresh.id) == before
+    assert await second.ack(fresh.id, AckOptions("w2", fresh.claim.claim))
+
+
+async def test_settles_land_after_every_connection_was_terminated(
+    driver: PostgresJobDriver, clock: FrozenClock, pg_url: str
+) -> None:
+    await driver.enqueue_many(requests(clock, 50))
+    jobs = (await driver.claim(worker_id="w1", slots={"q": 50}, visibility_timeout=30)).jobs
+    assert await terminate_other_backends(pg_url) >= 1
+    acks = [driver.ack(job.id, AckOptions("w1", job.claim.claim)) for job in jobs]
+    assert await asyncio.gather(*acks) == [True] * 50
+    [stats] = await driver.stats()
+    assert (stats.done, stats.running) == (50, 0)
+
+
+async def test_an_enqueue_after_the_connections_were_terminated_lands(
+    driver: PostgresJobDriver, clock: FrozenClock, pg_url: str
+) -> None:
+    await driver.enqueue_many(requests(clock, 1))
+    await terminate_other_backends(pg_url)
+    await driver.enqueue_many(requests(clock, 1))
+    [stats] = await driver.stats()
+    assert stats.ready == 2
+
+
+@dataclass
+class Tick:
+    n: int
+
+
+RUNS: Counter[int] = Counter()
+
+
+@job(
+    input=Tick,
+    idempotency_key=lambda i: f"pg-fault-tick:{i.n}",
+    tenant="none",
+    queue="pg-faults",
+    retry=Retry(attempts=20, delay=0.01, jitter=False),
+)
+async def pg_fault_tick(*, input: Tick) -> None:
+    RUNS[input.n] += 1
+    await asyncio.sleep(0.002)
+
+
+async def test_a_worker_loses_nothing_while_its_connections_are_terminated(pg_url: str) -> None:
+    RUNS.clear()
+    driver = postgres_job_driver(pg_url)
+    try:
+        await driver.enqueue_many(
+            [pg_fault_tick.request(Tick(n), clock=driver.clock) for n in range(300)]
+        )
+        worker = job_worker(
+            driver=driver, context=lambda: None, jobs=[pg_fault_tick], concurrency=20
+        )
+        async with worker:
+            for _ in range(3):
+                await asyncio.sleep(0.05)
+                await terminate_other_backends(pg_url)
+
+            async def all_done() -> None:
+                while (await queue_stats(driver, "pg-faults")).done < 300:
+                    await asyncio.sleep(0.05)
+
+            await asyncio.wait_for(all_done(), PATIENCE_S)
+        assert set(RUNS) == set(range(300))
+        stats = await queue_stats(driver, "pg-faults")
+        assert (stats.done, stats.dead, stats.failed) == (300, 0, 0)
+    finally:
+        await driver.close()
+
+
+async def queue_stats(driver: PostgresJobDriver, queue: str) -> QueueStats:
+    return {s.queue: s for s in await driver.stats()}.get(queue) or QueueStats(queue)

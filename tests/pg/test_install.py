@@ -1,0 +1,133 @@
+"""The schema: one idempotent statement, applied by install() and by `ujobs migrate`."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+
+import psycopg
+import pytest
+
+from ultimat3.jobs.core.cli import driver_for_url, main
+from ultimat3.jobs.pg import (
+    SQL_JOBS_TABLE,
+    PostgresJobDriver,
+    install,
+    sql_backfills,
+    sql_claim,
+    sql_counters,
+    sql_enqueue,
+    sql_leases,
+    sql_operator,
+    sql_pauses,
+    sql_read,
+    sql_settle,
+    sql_tasks,
+    sql_wake,
+    sql_workers,
+)
+
+pytestmark = pytest.mark.pg
+
+TABLES = {
+    "x_jobs",
+    "x_job_steps",
+    "x_job_leases",
+    "x_workers",
+    "x_job_counters",
+    "x_queue_pauses",
+    "x_task_pauses",
+    "x_task_fires",
+    "x_scheduler_watermarks",
+    "x_scheduler_leader",
+    "x_outbox",
+    "x_backfills",
+    "x_job_events",
+    "x_job_wake",
+}
+
+
+def tables_of(url: str) -> set[str]:
+    with psycopg.connect(url) as conn:
+        rows = conn.execute("select tablename from pg_tables where schemaname = 'public'")
+        return {row[0] for row in rows}
+
+
+async def test_install_creates_every_table(pg_url: str) -> None:
+    assert tables_of(pg_url) >= TABLES
+
+
+async def test_install_twice_changes_nothing(pg_url: str) -> None:
+    await install(pg_url)
+    assert tables_of(pg_url) >= TABLES
+
+
+async def test_installs_racing_from_several_processes_all_succeed(pg_database_url: str) -> None:
+    await asyncio.gather(*(install(pg_database_url) for _ in range(4)))
+    assert tables_of(pg_database_url) >= TABLES
+
+
+def test_ujobs_migrate_applies_the_schema(pg_database_url: str) -> None:
+    assert main(["migrate", "--database-url", pg_database_url]) == 0
+    assert tables_of(pg_database_url) >= TABLES
+
+
+def test_ujobs_migrate_reads_database_url_from_the_environment(
+    pg_database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DATABASE_URL", pg_database_url)
+    assert main(["migrate"]) == 0
+    assert tables_of(pg_database_url) >= TABLES
+
+
+async def test_a_postgres_url_finds_this_driver(pg_url: str) -> None:
+    params = psycopg.conninfo.conninfo_to_dict(pg_url)
+    url = "postgresql://{user}@{host}:{port}/{dbname}".format(
+        user=params.get("user", "postgres"),
+        host=params.get("host", "127.0.0.1"),
+        port=params.get("port", 5432),
+        dbname=params["dbname"],
+    )
+    driver = await driver_for_url(url)
+    try:
+        assert isinstance(driver, PostgresJobDriver)
+        assert await driver.stats() == []
+    finally:
+        await driver.close()
+
+
+STATEMENT_MODULES = (
+    sql_backfills,
+    sql_claim,
+    sql_counters,
+    sql_enqueue,
+    sql_leases,
+    sql_operator,
+    sql_pauses,
+    sql_read,
+    sql_settle,
+    sql_tasks,
+    sql_wake,
+    sql_workers,
+)
+
+
+def statements() -> list[tuple[str, str]]:
+    return [
+        (name, value)
+        for module in STATEMENT_MODULES
+        for name, value in inspect.getmembers(module)
+        if name.startswith("SQL_") and isinstance(value, str)
+    ]
+
+
+@pytest.mark.parametrize(("name", "text"), statements())
+def test_no_statement_reads_the_servers_clock(name: str, text: str) -> None:
+    lowered = text.lower()
+    for server_clock in ("now()", "current_timestamp", "clock_timestamp", "localtimestamp"):
+        assert server_clock not in lowered, f"{name} reads the server's clock ({server_clock})"
+
+
+def test_the_schema_is_one_statement_every_table_in_it() -> None:
+    for table in TABLES:
+        assert f"create table if not exists {table} (" in SQL_JOBS_TABLE

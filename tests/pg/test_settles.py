@@ -1,0 +1,129 @@
+"""Batched settles: concurrent acks share a statement, each row still fenced on its own claim."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from ultimat3.jobs.core import (
+    AckOptions,
+    ClaimedJob,
+    EnqueueRequest,
+    FrozenClock,
+    NackOptions,
+    new_id,
+)
+from ultimat3.jobs.pg import PostgresJobDriver
+from ultimat3.jobs.pg.sql_settle import SQL_ACK, SQL_HEARTBEAT, SQL_NACK
+
+pytestmark = pytest.mark.pg
+
+
+async def claimed(driver: PostgresJobDriver, count: int) -> list[ClaimedJob]:
+    now = driver.clock.now()
+    await driver.enqueue_many(
+        [
+            EnqueueRequest(new_id(), new_id(), "n", "q", None, new_id(), None, 3, now)
+            for _ in range(count)
+        ]
+    )
+    batch = await driver.claim(worker_id="w1", slots={"q": count}, visibility_timeout=30)
+    assert len(batch.jobs) == count
+    return list(batch.jobs)
+
+
+def statements_of(
+    driver: PostgresJobDriver, monkeypatch: pytest.MonkeyPatch, query: str
+) -> list[int]:
+    """Rows carried by each run of ``query`` from now on."""
+    seen: list[int] = []
+    fetch = driver.executor.fetch
+
+    async def counted(text: str, params: Any = None, **options: Any) -> Any:
+        if text == query:
+            seen.append(len(params["ids"]))
+        return await fetch(text, params, **options)
+
+    monkeypatch.setattr(driver.executor, "fetch", counted)
+    return seen
+
+
+def ack_of(job: ClaimedJob) -> AckOptions:
+    return AckOptions(job.claim.worker_id, job.claim.claim, duration_ms=2)
+
+
+async def test_concurrent_acks_share_one_statement(
+    driver: PostgresJobDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    jobs = await claimed(driver, 100)
+    statements = statements_of(driver, monkeypatch, SQL_ACK)
+    answers = await asyncio.gather(*(driver.ack(job.id, ack_of(job)) for job in jobs))
+    assert answers == [True] * 100
+    assert statements == [100]
+
+
+async def test_a_stale_ack_in_a_batch_answers_false_and_the_others_land(
+    driver: PostgresJobDriver,
+) -> None:
+    jobs = await claimed(driver, 3)
+    stale = AckOptions("w1", "not-the-claim")
+    answers = await asyncio.gather(
+        driver.ack(jobs[0].id, ack_of(jobs[0])),
+        driver.ack(jobs[1].id, stale),
+        driver.ack(jobs[2].id, ack_of(jobs[2])),
+    )
+    assert answers == [True, False, True]
+    [stats] = await driver.stats()
+    assert (stats.done, stats.running) == (2, 1)
+
+
+async def test_a_batched_ack_counts_each_row_once_with_its_duration(
+    driver: PostgresJobDriver, clock: FrozenClock
+) -> None:
+    jobs = await claimed(driver, 10)
+    await asyncio.gather(*(driver.ack(job.id, ack_of(job)) for job in jobs))
+    since = clock.now() - timedelta(hours=1)
+    [totals] = await driver.introspect.counter_totals(since=since)
+    assert (totals.done, totals.duration_ms) == (10, 20)
+
+
+async def test_the_same_row_acked_twice_at_once_lands_once(driver: PostgresJobDriver) -> None:
+    [job] = await claimed(driver, 1)
+    answers = await asyncio.gather(driver.ack(job.id, ack_of(job)), driver.ack(job.id, ack_of(job)))
+    assert sorted(answers) == [False, True]
+
+
+async def test_concurrent_nacks_share_one_statement_each_to_its_own_state(
+    driver: PostgresJobDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    retry, dead, parked = await claimed(driver, 3)
+    statements = statements_of(driver, monkeypatch, SQL_NACK)
+    later = driver.clock.now() + timedelta(minutes=1)
+    answers = await asyncio.gather(
+        driver.nack(retry.id, NackOptions("w1", retry.claim.claim, error="boom", run_at=later)),
+        driver.nack(dead.id, NackOptions("w1", dead.claim.claim, error="bad", dead_letter=True)),
+        driver.nack(
+            parked.id, NackOptions("w1", parked.claim.claim, park=True, count_attempt=False)
+        ),
+    )
+    assert answers == [True, True, True]
+    assert statements == [3]
+    states = {job.id: (await driver.introspect.get(job.id)) for job in (retry, dead, parked)}
+    assert {job_id: detail.row.state.value for job_id, detail in states.items() if detail} == {
+        retry.id: "ready",
+        dead.id: "dead",
+        parked.id: "suspended",
+    }
+
+
+async def test_concurrent_heartbeats_share_one_statement(
+    driver: PostgresJobDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    jobs = await claimed(driver, 20)
+    statements = statements_of(driver, monkeypatch, SQL_HEARTBEAT)
+    answers = await asyncio.gather(*(driver.heartbeat(job.id, job.claim, 60) for job in jobs))
+    assert answers == [True] * 20
+    assert statements == [20]

@@ -1,0 +1,174 @@
+"""The wake: one LISTEN session, proven by a probe, fed by throttled NOTIFYs, re-dialled when lost.
+
+Real notifications on a real server: the waits here are bounded polls of a live socket, never
+assertions about how long anything took.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from datetime import timedelta
+
+import psycopg
+import pytest
+
+from ultimat3.jobs.core import EnqueueRequest, FrozenClock, JobState, new_id
+from ultimat3.jobs.pg import PgQueueWake, PostgresJobDriver, start_queue_wake
+
+pytestmark = pytest.mark.pg
+
+PATIENCE_S = 20.0
+
+
+class Heard:
+    """What a subscriber heard, in order."""
+
+    def __init__(self, wake: PgQueueWake) -> None:
+        self.queues: asyncio.Queue[str] = asyncio.Queue()
+        wake.subscribe(self.queues.put_nowait)
+
+    async def next(self) -> str:
+        return await asyncio.wait_for(self.queues.get(), PATIENCE_S)
+
+
+async def until_live(wake: PgQueueWake, live: bool = True) -> None:
+    async def poll() -> None:
+        while wake.live is not live:
+            await asyncio.sleep(0.02)
+
+    await asyncio.wait_for(poll(), PATIENCE_S)
+
+
+@pytest.fixture
+async def wake(pg_url: str, driver: PostgresJobDriver) -> AsyncIterator[PgQueueWake]:
+    started = start_queue_wake(listener=pg_url, executor=driver.executor)
+    await until_live(started)
+    yield started
+    await started.close()
+
+
+def job(
+    clock: FrozenClock, queue: str, *, key: str | None = None, delay: float = 0
+) -> EnqueueRequest:
+    return EnqueueRequest(
+        id=new_id(),
+        run_id=new_id(),
+        name="n",
+        queue=queue,
+        input=None,
+        idempotency_key=key or new_id(),
+        tenant_id=None,
+        max_attempts=3,
+        run_at=clock.now() + timedelta(seconds=delay),
+    )
+
+
+async def test_the_wake_goes_live_once_its_probe_comes_back(wake: PgQueueWake) -> None:
+    assert wake.live
+
+
+async def test_an_enqueue_announces_its_queue(
+    wake: PgQueueWake, driver: PostgresJobDriver, clock: FrozenClock
+) -> None:
+    heard = Heard(wake)
+    await driver.enqueue(job(clock, "emails"))
+    assert await heard.next() == "emails"
+
+
+async def test_a_second_row_in_the_same_slot_is_silent(
+    wake: PgQueueWake, driver: PostgresJobDriver, clock: FrozenClock
+) -> None:
+    heard = Heard(wake)
+    await driver.enqueue(job(clock, "q"))
+    await driver.enqueue(job(clock, "q"))
+    await driver.enqueue(job(clock, "marker"))
+    assert [await heard.next(), await heard.next()] == ["q", "marker"]
+
+
+async def test_the_next_slot_announces_again(
+    wake: PgQueueWake, driver: PostgresJobDriver, clock: FrozenClock
+) -> None:
+    heard = Heard(wake)
+    await driver.enqueue(job(clock, "q"))
+    clock.advance(0.25)
+    await driver.enqueue(job(clock, "q"))
+    assert [await heard.next(), await heard.next()] == ["q", "q"]
+
+
+async def test_a_row_due_later_is_not_announced(
+    wake: PgQueueWake, driver: PostgresJobDriver, clock: FrozenClock
+) -> None:
+    heard = Heard(wake)
+    await driver.enqueue(job(clock, "q", delay=5))
+    await driver.enqueue(job(clock, "marker"))
+    assert await heard.next() == "marker"
+
+
+async def test_a_dedupe_is_silent(
+    wake: PgQueueWake, driver: PostgresJobDriver, clock: FrozenClock
+) -> None:
+    heard = Heard(wake)
+    await driver.enqueue(job(clock, "q", key="k"))
+    clock.advance(1)
+    assert (await driver.enqueue(job(clock, "q", key="k"))).deduped
+    await driver.enqueue(job(clock, "marker"))
+    assert [await heard.next(), await heard.next()] == ["q", "marker"]
+
+
+async def test_resuming_a_queue_announces_it(wake: PgQueueWake, driver: PostgresJobDriver) -> None:
+    heard = Heard(wake)
+    await driver.introspect.pause_queue("q")
+    await driver.introspect.resume_queue("q")
+    assert await heard.next() == "q"
+
+
+async def test_requeue_and_promote_announce_the_queue(
+    wake: PgQueueWake, driver: PostgresJobDriver, clock: FrozenClock
+) -> None:
+    later = await driver.enqueue(job(clock, "later", delay=60))
+    heard = Heard(wake)
+    await driver.introspect.promote(later.id)
+    assert await heard.next() == "later"
+    assert await driver.introspect.cancel(later.id) is not None
+    await driver.introspect.requeue(later.id)
+    assert await heard.next() == "later"
+    detail = await driver.introspect.get(later.id)
+    assert detail is not None
+    assert detail.row.state is JobState.READY
+
+
+async def test_the_wake_dials_again_after_its_session_is_killed(
+    wake: PgQueueWake, driver: PostgresJobDriver, clock: FrozenClock, pg_url: str
+) -> None:
+    heard = Heard(wake)
+    async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as admin:
+        await admin.execute(
+            "select pg_terminate_backend(pid) from pg_stat_activity "
+            "where datname = current_database() and pid <> pg_backend_pid() "
+            "and query like '%listen x_jobs_wake%'"
+        )
+    await until_live(wake, live=False)
+    await until_live(wake, live=True)
+    await driver.enqueue(job(clock, "after"))
+    assert await heard.next() == "after"
+
+
+async def test_a_probe_that_never_arrives_leaves_the_wake_unverified(
+    pg_url: str, postgres_url: str, driver: PostgresJobDriver, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The session listens on ANOTHER database, so the probe sent to this one never reaches it:
+    # the same silence a transaction-pooling proxy produces.
+    caplog.set_level(logging.WARNING, logger="ultimat3.jobs")
+    wake = start_queue_wake(listener=postgres_url, executor=driver.executor, probe_timeout=0.2)
+    try:
+
+        async def logged() -> None:
+            while not any(r.message.startswith("jobs.wake.unverified") for r in caplog.records):
+                await asyncio.sleep(0.02)
+
+        await asyncio.wait_for(logged(), PATIENCE_S)
+        assert not wake.live
+    finally:
+        await wake.close()
