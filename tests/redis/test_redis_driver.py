@@ -1,0 +1,109 @@
+"""Driver behaviour beyond the shared suite: batched settles, script reloads, construction."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from ultimat3.jobs.core import AckOptions, EnqueueRequest, FrozenClock, JobState
+from ultimat3.jobs.core.errors import DriverUnavailableError
+from ultimat3.jobs.redis import RedisJobDriver, redis_job_driver, scripts
+from ultimat3.jobs.redis.cli import driver_from_url
+
+RequestBuilder = Callable[..., EnqueueRequest]
+
+
+def _count_scripts(driver: RedisJobDriver, monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
+    calls: Counter[str] = Counter()
+    namespace = driver.namespace
+    original = namespace.call
+
+    async def counted(name: str, *args: Any, **options: Any) -> Any:
+        calls[name] += 1
+        return await original(name, *args, **options)
+
+    monkeypatch.setattr(namespace, "call", counted)
+    return calls
+
+
+async def test_concurrent_acks_travel_as_one_script_call_each_fenced(
+    driver: RedisJobDriver, new_request: RequestBuilder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await driver.enqueue_many([new_request() for _ in range(50)])
+    jobs = (await driver.claim(worker_id="w", slots={"q": 50}, visibility_timeout=30)).jobs
+    calls = _count_scripts(driver, monkeypatch)
+    stale = AckOptions("w", "not-this-claim")
+    answers = await asyncio.gather(
+        driver.ack(jobs[0].id, stale),
+        *(driver.ack(j.id, AckOptions(j.claim.worker_id, j.claim.claim)) for j in jobs),
+    )
+    assert answers == [False] + [True] * 50
+    assert calls == {"settle": 1}
+    assert (await driver.stats())[0].done == 50
+
+
+async def test_concurrent_heartbeats_travel_as_one_script_call(
+    driver: RedisJobDriver, new_request: RequestBuilder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await driver.enqueue_many([new_request() for _ in range(20)])
+    jobs = (await driver.claim(worker_id="w", slots={"q": 20}, visibility_timeout=30)).jobs
+    calls = _count_scripts(driver, monkeypatch)
+    answers = await asyncio.gather(*(driver.heartbeat(j.id, j.claim, 60) for j in jobs))
+    assert answers == [True] * 20
+    assert calls == {"heartbeat": 1}
+
+
+async def test_a_server_that_lost_its_scripts_gets_them_again(
+    driver: RedisJobDriver, new_request: RequestBuilder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await driver.stats()  # every script loaded
+    held = scripts.script("enqueue")
+    variant = f"{held.source}\n-- {new_request().id}"
+    never_loaded = scripts.Script(
+        held.name, variant, scripts.hashlib.sha1(variant.encode()).hexdigest()
+    )
+    monkeypatch.setitem(scripts._SCRIPTS, "enqueue", never_loaded)
+    queued = await driver.enqueue(new_request())
+    assert not queued.deduped
+    assert await driver.client.script_exists(never_loaded.sha) == [True]
+
+
+async def test_driver_from_url_answers_a_driver_on_that_server(redis_url: str) -> None:
+    driver = await driver_from_url(redis_url)
+    try:
+        assert isinstance(driver, RedisJobDriver)
+        assert driver.prefix == "ujobs"
+    finally:
+        await driver.close()
+
+
+async def test_driver_from_url_says_so_when_the_server_does_not_answer() -> None:
+    with pytest.raises(DriverUnavailableError, match="did not answer"):
+        await driver_from_url("redis://127.0.0.1:1/0")
+
+
+def test_a_driver_without_a_url_reads_redis_url(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    with pytest.raises(DriverUnavailableError, match="REDIS_URL"):
+        redis_job_driver()
+
+
+async def test_a_negative_done_ttl_is_refused(redis_url: str) -> None:
+    with pytest.raises(Exception, match="negative"):
+        redis_job_driver(url=redis_url, done_ttl=-1)
+
+
+async def test_times_round_trip_to_the_microsecond(
+    driver: RedisJobDriver, clock: FrozenClock, new_request: RequestBuilder
+) -> None:
+    clock.advance(0.123457)
+    request = new_request(delay=0.000001)
+    await driver.enqueue(request)
+    detail = await driver.introspect.get(request.id)
+    assert detail is not None
+    assert (detail.row.run_at, detail.row.created_at) == (request.run_at, clock.now())
+    assert detail.row.state is JobState.DELAYED

@@ -1,0 +1,118 @@
+"""The blocking wake: a subscriber proven live hears the queue of every row worth waking for."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+
+from ultimat3.jobs.core import AckOptions, EnqueueRequest, FrozenClock, QueueWake
+from ultimat3.jobs.redis import RedisJobDriver, RedisQueueWake, redis_job_driver, start_queue_wake
+
+RequestBuilder = Callable[..., EnqueueRequest]
+
+
+class Heard:
+    """The queue names a wake announced, in order."""
+
+    def __init__(self, wake: RedisQueueWake) -> None:
+        self.names: asyncio.Queue[str] = asyncio.Queue()
+        wake.subscribe(self.names.put_nowait)
+
+    async def next(self, timeout: float = 5.0) -> str:
+        return await asyncio.wait_for(self.names.get(), timeout)
+
+    async def nothing(self, within: float = 0.3) -> bool:
+        await asyncio.sleep(within)
+        return self.names.empty()
+
+
+@pytest.fixture
+async def wake(driver: RedisJobDriver) -> AsyncIterator[RedisQueueWake]:
+    started = start_queue_wake(driver)
+    assert await started.wait_live(10), "the probe never came back"
+    yield started
+    await started.close()
+
+
+@pytest.fixture
+async def other(
+    redis_url: str, redis_prefix: str, clock: FrozenClock
+) -> AsyncIterator[RedisJobDriver]:
+    """A second process's driver on the same namespace (its own connections)."""
+    built = redis_job_driver(url=redis_url, prefix=redis_prefix, clock=clock)
+    yield built
+    await built.close()
+
+
+async def test_the_wake_is_a_queue_wake_proven_live(wake: RedisQueueWake) -> None:
+    assert isinstance(wake, QueueWake)
+    assert wake.live
+
+
+async def test_an_enqueue_elsewhere_announces_its_queue(
+    wake: RedisQueueWake, other: RedisJobDriver, new_request: RequestBuilder
+) -> None:
+    heard = Heard(wake)
+    await other.enqueue(new_request(queue="emails"))
+    assert await heard.next() == "emails"
+
+
+async def test_a_row_due_later_than_a_second_is_not_announced(
+    wake: RedisQueueWake, other: RedisJobDriver, new_request: RequestBuilder
+) -> None:
+    heard = Heard(wake)
+    await other.enqueue(new_request(delay=5))
+    assert await heard.nothing()
+
+
+async def test_a_deduped_enqueue_is_not_announced(
+    wake: RedisQueueWake, other: RedisJobDriver, driver: RedisJobDriver, new_request: RequestBuilder
+) -> None:
+    heard = Heard(wake)
+    await other.enqueue(new_request(key="k"))
+    assert await heard.next() == "q"
+    await driver.claim(worker_id="w", slots={"q": 0}, visibility_timeout=30)
+    await other.enqueue(new_request(key="k"))
+    assert await heard.nothing()
+
+
+async def test_one_announcement_waits_for_a_claim_before_the_next(
+    wake: RedisQueueWake, other: RedisJobDriver, driver: RedisJobDriver, new_request: RequestBuilder
+) -> None:
+    heard = Heard(wake)
+    await other.enqueue(new_request())
+    assert await heard.next() == "q"
+    await other.enqueue(new_request())
+    assert await heard.nothing(), "a second wake while the first is unclaimed"
+    batch = await driver.claim(worker_id="w", slots={"q": 5}, visibility_timeout=30)
+    assert len(batch.jobs) == 2
+    await other.enqueue(new_request())
+    assert await heard.next() == "q"
+
+
+async def test_resume_and_requeue_announce_the_queue(
+    wake: RedisQueueWake, driver: RedisJobDriver, new_request: RequestBuilder
+) -> None:
+    heard = Heard(wake)
+    await driver.introspect.resume_queue("paused-q")
+    assert await heard.next() == "paused-q"
+    queued = await driver.enqueue(new_request(queue="r"))
+    assert await heard.next() == "r"
+    (job,) = (await driver.claim(worker_id="w", slots={"r": 1}, visibility_timeout=30)).jobs
+    await driver.ack(job.id, AckOptions(job.claim.worker_id, job.claim.claim))
+    await driver.introspect.requeue(queued.id)
+    assert await heard.next() == "r"
+
+
+async def test_the_wake_hears_again_after_its_connection_is_killed(
+    wake: RedisQueueWake, other: RedisJobDriver, driver: RedisJobDriver, new_request: RequestBuilder
+) -> None:
+    heard = Heard(wake)
+    (held,) = [c for c in await driver.client.client_list() if c["name"] == driver.wake_channel]
+    await driver.client.client_kill_filter(_id=held["id"])
+    await asyncio.sleep(0.5)
+    assert await wake.wait_live(10)
+    await other.enqueue(new_request(queue="after"))
+    assert await heard.next(10) == "after"
