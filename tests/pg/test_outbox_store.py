@@ -1,0 +1,231 @@
+"""The Postgres outbox store itself: staging on the caller's connection, the wake it announces on
+commit, and the published rows it keeps as an audit trail."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from psycopg import AsyncConnection
+
+from ultimat3.jobs.core import EnqueueRequest, FrozenClock, new_id
+from ultimat3.jobs.core.errors import OutboxNoTxError
+from ultimat3.jobs.pg import PostgresJobDriver
+from ultimat3.jobs.pg.outbox import PostgresOutboxStore, postgres_outbox_store
+from ultimat3.jobs.pg.sql_outbox import OUTBOX_WAKE_CHANNEL
+from ultimat3.jobs.pg.transaction import current_tx, jobs_transaction
+
+pytestmark = pytest.mark.pg
+
+_MARKER = "marker"
+
+
+class AbandonedError(Exception):
+    """The application gave up on its transaction."""
+
+
+@pytest.fixture
+def store(driver: PostgresJobDriver, clock: FrozenClock) -> PostgresOutboxStore:
+    return postgres_outbox_store(executor=driver.executor, clock=clock)
+
+
+@pytest.fixture
+async def app(pg_url: str) -> AsyncIterator[AsyncConnection[Any]]:
+    """The application's own connection (autocommit, as a pool hands them out)."""
+    async with await AsyncConnection.connect(pg_url, autocommit=True) as conn:
+        yield conn
+
+
+@pytest.fixture
+async def listener(pg_url: str) -> AsyncIterator[AsyncConnection[Any]]:
+    """A session listening where a relay would."""
+    async with await AsyncConnection.connect(pg_url, autocommit=True) as conn:
+        await conn.execute(f"listen {OUTBOX_WAKE_CHANNEL}")
+        yield conn
+
+
+def request(clock: FrozenClock, **fields: Any) -> EnqueueRequest:
+    values: dict[str, Any] = {
+        "id": new_id(),
+        "run_id": new_id(),
+        "name": "send-invoice",
+        "queue": "invoices",
+        "input": {"number": "INV-1", "lines": [1, 2.5, None, "ü"]},
+        "idempotency_key": f"invoice:{new_id()}",
+        "tenant_id": None,
+        "max_attempts": 5,
+        "run_at": clock.now(),
+    }
+    values.update(fields)
+    return EnqueueRequest(**values)
+
+
+async def wakes(listener: AsyncConnection[Any], pg_url: str) -> int:
+    """How many outbox wakes were delivered for transactions committed before this call: a marker
+    sent now arrives after all of them (notifications arrive in commit order)."""
+    async with await AsyncConnection.connect(pg_url, autocommit=True) as conn:
+        await conn.execute("select pg_notify(%s, %s)", (OUTBOX_WAKE_CHANNEL, _MARKER))
+    count = 0
+    async for notify in listener.notifies(timeout=10):
+        if notify.payload == _MARKER:
+            return count
+        count += 1
+    raise AssertionError("the marker notification never arrived")
+
+
+async def stage_committed(
+    store: PostgresOutboxStore, app: AsyncConnection[Any], clock: FrozenClock
+) -> EnqueueRequest:
+    staged = request(clock)
+    async with jobs_transaction(app):
+        await store.stage(staged)
+    return staged
+
+
+async def test_a_claimed_row_carries_the_whole_request(
+    store: PostgresOutboxStore, app: AsyncConnection[Any], clock: FrozenClock
+) -> None:
+    staged = request(clock, tenant_id="org-1", enqueued_by="user:7", traceparent="00-ab-cd-01")
+    async with jobs_transaction(app):
+        await store.stage(staged)
+    (record,) = await store.claim(claimant="r1", limit=10, lease=30)
+    assert record.request == staged
+    assert (record.staged_at, record.claimed_by, record.claimed_at) == (
+        clock.now(),
+        "r1",
+        clock.now(),
+    )
+
+
+async def test_a_rolled_back_savepoint_takes_its_staged_job_with_it(
+    store: PostgresOutboxStore, app: AsyncConnection[Any], clock: FrozenClock
+) -> None:
+    kept, dropped = request(clock), request(clock)
+    async with jobs_transaction(app):
+        await store.stage(kept)
+        with pytest.raises(AbandonedError):
+            await stage_then_abandon(store, app, dropped)
+    assert [record.request.id for record in await store.retained()] == [kept.id]
+
+
+async def stage_then_abandon(
+    store: PostgresOutboxStore, app: AsyncConnection[Any], staged: EnqueueRequest
+) -> None:
+    async with jobs_transaction(app):
+        await store.stage(staged)
+        raise AbandonedError()
+
+
+async def test_a_tx_executor_joins_a_transaction_another_layer_opened(
+    driver: PostgresJobDriver, app: AsyncConnection[Any], clock: FrozenClock
+) -> None:
+    store = postgres_outbox_store(executor=driver.executor, tx_executor=lambda: app, clock=clock)
+    with pytest.raises(AbandonedError):
+        await stage_in_plain_transaction(store, app, request(clock))
+    assert await store.retained() == []
+
+
+async def stage_in_plain_transaction(
+    store: PostgresOutboxStore, app: AsyncConnection[Any], staged: EnqueueRequest
+) -> None:
+    async with app.transaction():
+        await store.stage(staged)
+        raise AbandonedError()
+
+
+async def test_an_ambient_connection_with_no_open_transaction_is_refused(
+    driver: PostgresJobDriver, app: AsyncConnection[Any], clock: FrozenClock
+) -> None:
+    store = postgres_outbox_store(executor=driver.executor, tx_executor=lambda: app, clock=clock)
+    with pytest.raises(OutboxNoTxError):
+        await store.stage(request(clock))
+    assert await store.retained() == []
+
+
+async def test_staging_with_no_ambient_transaction_commits_on_its_own(
+    store: PostgresOutboxStore, clock: FrozenClock
+) -> None:
+    assert current_tx() is None
+    staged = request(clock)
+    await store.stage(staged)
+    assert [record.request.id for record in await store.retained()] == [staged.id]
+
+
+async def test_staging_an_id_twice_keeps_the_first_row(
+    store: PostgresOutboxStore, clock: FrozenClock
+) -> None:
+    first = request(clock)
+    await store.stage(first)
+    await store.stage(request(clock, id=first.id, queue="elsewhere"))
+    assert [record.request for record in await store.retained()] == [first]
+
+
+async def test_a_stage_wakes_the_relay_when_it_commits(
+    store: PostgresOutboxStore,
+    app: AsyncConnection[Any],
+    listener: AsyncConnection[Any],
+    pg_url: str,
+    clock: FrozenClock,
+) -> None:
+    async with jobs_transaction(app):
+        await store.stage(request(clock))
+        assert await wakes(listener, pg_url) == 0  # not before the commit
+    assert await wakes(listener, pg_url) == 1
+
+
+async def test_a_rolled_back_stage_wakes_nobody(
+    store: PostgresOutboxStore,
+    app: AsyncConnection[Any],
+    listener: AsyncConnection[Any],
+    pg_url: str,
+    clock: FrozenClock,
+) -> None:
+    with pytest.raises(AbandonedError):
+        await stage_then_abandon(store, app, request(clock))
+    assert await wakes(listener, pg_url) == 0
+
+
+async def test_a_stage_is_silent_while_an_unclaimed_row_already_waits(
+    store: PostgresOutboxStore,
+    app: AsyncConnection[Any],
+    listener: AsyncConnection[Any],
+    pg_url: str,
+    clock: FrozenClock,
+) -> None:
+    await stage_committed(store, app, clock)
+    await stage_committed(store, app, clock)
+    assert await wakes(listener, pg_url) == 1
+    await store.claim(claimant="r1", limit=10, lease=30)
+    await stage_committed(store, app, clock)  # nothing waits unclaimed any more
+    assert await wakes(listener, pg_url) == 1
+
+
+async def test_a_published_row_stays_as_the_audit_trail(
+    store: PostgresOutboxStore, app: AsyncConnection[Any], clock: FrozenClock, pg_url: str
+) -> None:
+    staged = await stage_committed(store, app, clock)
+    await store.claim(claimant="r1", limit=10, lease=30)
+    clock.advance(2)
+    assert await store.mark_published([staged.id], claimant="r1") == 1
+    assert await store.retained() == []
+    cursor = await app.execute(
+        "select claimed_by, published_at from x_outbox where id = %s", (staged.id,)
+    )
+    assert await cursor.fetchall() == [("r1", clock.now())]
+
+
+async def test_purge_removes_only_rows_published_longer_ago_than_the_retention(
+    store: PostgresOutboxStore, app: AsyncConnection[Any], clock: FrozenClock
+) -> None:
+    old, recent, waiting = [await stage_committed(store, app, clock) for _ in range(3)]
+    await store.claim(claimant="r1", limit=2, lease=30)
+    await store.mark_published([old.id], claimant="r1")
+    clock.advance(timedelta(days=6))
+    await store.mark_published([recent.id], claimant="r1")
+    clock.advance(timedelta(days=2))
+    assert await store.purge_published(older_than="7d") == 1
+    assert await store.purge_published(older_than="7d") == 0
+    cursor = await app.execute("select id from x_outbox order by staged_at, id")
+    assert [row[0] for row in await cursor.fetchall()] == [recent.id, waiting.id]
