@@ -1,33 +1,76 @@
-"""The shipped conformance suite against the Redis driver."""
+"""The shipped conformance suite against the Redis driver, with the outbox staged in Postgres
+(the pairing a deployment on Redis uses: the outbox must join the application's transaction)."""
 
-from collections.abc import AsyncIterator
+import uuid
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 
+import psycopg
 import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from ultimat3.jobs.core import FrozenClock
+from ultimat3.jobs.pg import SQL_JOBS_TABLE, pg_executor, truncate_tables
+from ultimat3.jobs.pg.outbox import postgres_outbox_store
 from ultimat3.jobs.redis import redis_job_driver, redis_lease_leader, redis_scheduler_state
 from ultimat3.jobs.testing import ConformanceTarget, job_driver_conformance
+
+
+@pytest.fixture(scope="module")
+def outbox_database(request: pytest.FixtureRequest) -> Iterator[str | None]:
+    """One database holding the outbox table for the whole suite, emptied per test; None
+    without a Postgres server (then only the outbox section skips)."""
+    try:
+        postgres_url: str = request.getfixturevalue("postgres_url")
+    except pytest.skip.Exception:
+        yield None
+        return
+    name = f"ujobs_redis_outbox_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(f'create database "{name}"')
+    url = make_conninfo("", **{**conninfo_to_dict(postgres_url), "dbname": name})
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(SQL_JOBS_TABLE)
+    try:
+        yield url
+    finally:
+        with psycopg.connect(postgres_url, autocommit=True) as conn:
+            conn.execute(f'drop database if exists "{name}" with (force)')
 
 
 @asynccontextmanager
 async def redis_target(
     clock: FrozenClock, request: pytest.FixtureRequest
 ) -> AsyncIterator[ConformanceTarget]:
-    url = request.getfixturevalue("redis_url")
-    prefix = request.getfixturevalue("redis_prefix")
-    driver = redis_job_driver(url=url, prefix=prefix, clock=clock)
+    driver = redis_job_driver(
+        url=request.getfixturevalue("redis_url"),
+        prefix=request.getfixturevalue("redis_prefix"),
+        clock=clock,
+    )
+    database = request.getfixturevalue("outbox_database")
+    postgres = pg_executor(database) if database is not None else None
+    outbox = postgres_outbox_store(executor=postgres, clock=clock) if postgres else None
+
+    async def reset() -> None:
+        await driver.clear()
+        if postgres is not None:
+            await truncate_tables(postgres)
+
+    await reset()
     try:
         yield ConformanceTarget(
             driver=driver,
+            outbox=outbox,
             scheduler_state=redis_scheduler_state(driver),
             leader=lambda: redis_lease_leader(driver, ttl=30.0),
             leader_ttl=30.0,
-            reset=driver.clear,
+            reset=reset,
         )
     finally:
         await driver.clear()
         await driver.close()
+        if postgres is not None:
+            await postgres.close()
 
 
 TestRedisDriver = job_driver_conformance(redis_target)
