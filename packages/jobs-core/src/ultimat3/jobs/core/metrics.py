@@ -94,18 +94,15 @@ class JobMetrics:
             )
         self._settled: dict[tuple[str, str], Any] = {}
 
-    def settled(self, queue: str, outcome: JobOutcome) -> None:
+    def settled(self, queue: str, outcome: JobOutcome, count: int = 1) -> None:
+        """``count`` attempts of ``queue`` ended with ``outcome``."""
         label = jobs_total_outcome(outcome)
         if label is None:
             return
         child = self._settled.get((queue, label))
         if child is None:
             child = self._settled[(queue, label)] = self.jobs_total.labels(queue, label)
-        child.inc()
-
-    def buried(self, queue: str, *, dropped: bool) -> None:
-        """A row the claim buried on its final attempt: dead, or failed when dropped."""
-        self.settled(queue, "dropped" if dropped else "dead-lettered")
+        child.inc(count)
 
     def lease_lost(self, queue: str) -> None:
         self.leases_lost.labels(queue).inc()

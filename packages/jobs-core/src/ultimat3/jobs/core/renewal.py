@@ -9,11 +9,11 @@ What a renewal answers decides the signal, and none is given for an entry alread
 job finished and its ack moved the row, so the renewal that was on the wire comes back refused and
 means nothing:
 
-=======================================  =============================================
-a renewal raised, the window has room      ``on_failed(error)`` — a warning
-a renewal answered False                 ``on_refused()`` — the thing is gone, at once
-a whole window with none landing           ``on_lapsed()`` — presumed gone
-=======================================  =============================================
+======================================  ==============================================
+a renewal raised, the window has room   ``failed(error)`` — a warning
+a renewal answered False                ``refused()`` — the thing is gone, at once
+a whole window with none landing        ``lapsed()`` — presumed gone
+======================================  ==============================================
 
 The window is measured from the send time of the last renewal that landed, on this process's clock,
 so a renewal that hangs is caught exactly like one that fails.
@@ -24,42 +24,37 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
-from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
+from typing import Protocol
 
 from .clock import Clock
 from .lifecycle import Wakeup
 
-__all__ = ["Renewal", "RenewalLoop"]
+__all__ = ["Renewable", "Renewal", "RenewalLoop"]
+
+
+class Renewable(Protocol):
+    """What a ``RenewalLoop`` keeps alive: an object, so a run costs no closures."""
+
+    async def renew(self) -> bool:
+        """Extend it; False when it is no longer this process's to extend."""
+        ...
+
+    def refused(self) -> None: ...
+
+    def lapsed(self) -> None: ...
+
+    def failed(self, error: BaseException) -> None: ...
 
 
 class Renewal:
-    """One thing kept alive by a ``RenewalLoop``; ``RenewalLoop.drop()`` it when it is done."""
+    """One ``Renewable`` in a ``RenewalLoop``; ``RenewalLoop.drop()`` it when it is done."""
 
-    __slots__ = (
-        "active",
-        "in_flight",
-        "landed_at",
-        "on_failed",
-        "on_lapsed",
-        "on_refused",
-        "renew",
-    )
+    __slots__ = ("active", "in_flight", "landed_at", "target")
 
-    def __init__(
-        self,
-        renew: Callable[[], Awaitable[bool]],
-        *,
-        landed_at: datetime,
-        on_refused: Callable[[], None],
-        on_lapsed: Callable[[], None],
-        on_failed: Callable[[BaseException], None],
-    ) -> None:
-        self.renew = renew
+    def __init__(self, target: Renewable, landed_at: datetime) -> None:
+        self.target = target
         self.landed_at = landed_at
-        self.on_refused = on_refused
-        self.on_lapsed = on_lapsed
-        self.on_failed = on_failed
         self.active = True
         self.in_flight = False
 
@@ -78,19 +73,12 @@ class RenewalLoop:
         self._task: asyncio.Task[None] | None = None
         self._renewing: set[asyncio.Task[None]] = set()
 
-    def add(
-        self,
-        renew: Callable[[], Awaitable[bool]],
-        *,
-        on_refused: Callable[[], None],
-        on_lapsed: Callable[[], None],
-        on_failed: Callable[[BaseException], None],
-    ) -> Renewal:
-        """Start renewing; the first renewal is due one interval from now."""
-        now = self._clock.now()
-        entry = Renewal(
-            renew, landed_at=now, on_refused=on_refused, on_lapsed=on_lapsed, on_failed=on_failed
-        )
+    def add(self, target: Renewable, now: datetime | None = None) -> Renewal:
+        """Start renewing ``target``, taken (or last renewed) at ``now``; the first renewal is
+        due one interval after it. A caller adding a batch reads the clock once for all."""
+        if now is None:
+            now = self._clock.now()
+        entry = Renewal(target, now)
         due = now + self._interval
         if not self._heap or due < self._heap[0][0]:
             self._wakeup.ring()
@@ -137,7 +125,7 @@ class RenewalLoop:
         lapses_at = entry.landed_at + self._window
         if now >= lapses_at:
             entry.active = False
-            entry.on_lapsed()
+            entry.target.lapsed()
             return
         if not entry.in_flight:
             entry.in_flight = True
@@ -150,10 +138,10 @@ class RenewalLoop:
     async def _renew(self, entry: Renewal) -> None:
         sent_at = self._clock.now()
         try:
-            landed = await entry.renew()
+            landed = await entry.target.renew()
         except Exception as exc:
             if entry.active:
-                entry.on_failed(exc)
+                entry.target.failed(exc)
             return
         finally:
             entry.in_flight = False
@@ -163,4 +151,4 @@ class RenewalLoop:
             entry.landed_at = max(entry.landed_at, sent_at)
         else:
             entry.active = False
-            entry.on_refused()
+            entry.target.refused()

@@ -122,7 +122,8 @@ _STAT_OF_OUTCOME: dict[str, str] = {
 
 
 class _Run:
-    """One claimed row while this worker holds it."""
+    """One claimed row while this worker holds it — and its visibility lease, as the
+    ``Renewable`` the worker's renewal loop keeps alive."""
 
     __slots__ = (
         "cancelled",
@@ -130,14 +131,16 @@ class _Run:
         "controller",
         "handle",
         "held",
+        "key_refused",
         "lease",
         "placed",
-        "refused",
         "slot",
         "task",
+        "worker",
     )
 
-    def __init__(self, claimed: ClaimedJob, handle: AnyJobHandle | None) -> None:
+    def __init__(self, worker: JobWorker, claimed: ClaimedJob, handle: AnyJobHandle | None) -> None:
+        self.worker = worker
         self.claimed = claimed
         self.handle = handle
         self.controller = AbortController()
@@ -148,8 +151,97 @@ class _Run:
         """The fleet slot this run holds."""
         self.placed = False
         """Whether it holds a place under the process limits."""
-        self.refused = False
+        self.key_refused = False
+        """Whether its busy key refused it (``when_busy='fail'``)."""
         self.cancelled = False
+
+    async def renew(self) -> bool:
+        return await self.worker._heartbeat(self)
+
+    def refused(self) -> None:
+        self.worker._lease_refused(self)
+
+    def lapsed(self) -> None:
+        self.worker._lease_lost(self, f"no renewal landed for a whole window ({self.worker._vis}s)")
+
+    def failed(self, error: BaseException) -> None:
+        log_event(
+            logging.WARNING,
+            "jobs.heartbeat.failed",
+            worker=self.worker.id,
+            job=self.claimed.name,
+            job_id=self.claimed.id,
+            error=repr(error),
+        )
+
+
+class _SlotHold:
+    """The fleet concurrency slot of one run, kept alive beside its lease."""
+
+    __slots__ = ("fleet", "run", "slot")
+
+    def __init__(self, fleet: FleetSlots, run: _Run, slot: SlotDecision) -> None:
+        self.fleet = fleet
+        self.run = run
+        self.slot = slot
+
+    async def renew(self) -> bool:
+        return await self.fleet.renew(self.slot)
+
+    def refused(self) -> None:
+        self.lapsed()
+
+    def lapsed(self) -> None:
+        claimed = self.run.claimed
+        log_event(
+            logging.ERROR,
+            "jobs.worker.slot-lost",
+            worker=self.run.worker.id,
+            job=claimed.name,
+            job_id=claimed.id,
+            key=self.slot.key,
+        )
+        self.run.controller.abort(
+            JobSlotLostError(
+                f"{claimed.name}: the concurrency slot {self.slot.key!r} of job {claimed.id} was "
+                "taken by another run",
+                meta={"job": claimed.name, "job_id": claimed.id, "key": self.slot.key},
+            )
+        )
+
+    def failed(self, error: BaseException) -> None:
+        log_event(
+            logging.WARNING,
+            "jobs.worker.slot-renew-failed",
+            job=self.run.claimed.name,
+            job_id=self.run.claimed.id,
+            key=self.slot.key,
+            error=repr(error),
+        )
+
+
+class _RegistryRow:
+    """The worker's own row in ``introspect.workers()``: renewed while it runs, never lost —
+    a window of failures only re-arms it."""
+
+    __slots__ = ("worker",)
+
+    def __init__(self, worker: JobWorker) -> None:
+        self.worker = worker
+
+    async def renew(self) -> bool:
+        await self.worker._record_worker()
+        return True
+
+    def refused(self) -> None:
+        return None
+
+    def lapsed(self) -> None:
+        if self.worker._state == "running":
+            self.worker._renewals.add(self)
+
+    def failed(self, error: BaseException) -> None:
+        self.worker._registry_failed(error)
 
 
 class JobWorker:
@@ -216,6 +308,8 @@ class JobWorker:
         """By claim token: the same row re-claimed by this worker is a second run."""
         self._busy = dict.fromkeys(self._slots, 0)
         self._background: set[asyncio.Task[Any]] = set()
+        self._tally: dict[tuple[str, JobOutcome], int] = {}
+        """``jobs_total`` counted since the last pass, flushed once per pass, not per job."""
         self._reminders: list[datetime] = []
         self._sleep_until: datetime | None = None
         """When the claim loop's current wait ends; None while it waits for a ring only."""
@@ -354,6 +448,7 @@ class JobWorker:
                 "drain_deadline past your slowest job, or make its body honour ctx.signal",
             )
         await self._renewals.stop()
+        self._flush_tally()
         for unsubscribe in self._unsubscribe:
             unsubscribe()
         self._unsubscribe.clear()
@@ -418,6 +513,7 @@ class JobWorker:
     async def _claim_loop(self) -> None:
         idle_wait = self._poll
         while self._accepting:
+            self._flush_tally()
             began = self._clock.now()
             free = self._free()
             claimed = 0
@@ -438,6 +534,11 @@ class JobWorker:
             if await self._wakeup.wait(self._clock, wait):
                 idle_wait = self._poll
 
+    def _flush_tally(self) -> None:
+        tally, self._tally = self._tally, {}
+        for (queue, outcome), count in tally.items():
+            self._metrics.settled(queue, outcome, count)
+
     async def _claim(self, free: dict[str, int]) -> int:
         try:
             batch = await self._driver.claim(
@@ -451,8 +552,10 @@ class JobWorker:
             return 0
         for exhausted in batch.exhausted:
             self._announce(exhausted)
-        for claimed in batch.jobs:
-            self._launch(claimed)
+        if batch.jobs:
+            now, loop = self._clock.now(), asyncio.get_running_loop()
+            for claimed in batch.jobs:
+                self._launch(claimed, now, loop)
         return len(batch.jobs)
 
     def _until_reminder(self, wait: float | None, began: datetime) -> float | None:
@@ -478,8 +581,9 @@ class JobWorker:
 
     def _announce(self, exhausted: ExhaustedJob) -> None:
         dropped = exhausted.state is JobState.FAILED
-        self.stats.count("dropped" if dropped else "dead-lettered")
-        self._metrics.buried(exhausted.queue, dropped=dropped)
+        outcome: JobOutcome = "dropped" if dropped else "dead-lettered"
+        self.stats.count(outcome)
+        self._metrics.settled(exhausted.queue, outcome)
         self._spawn(announce_exhausted(exhausted, handle=self._route(exhausted.name)))
 
     def _spawn(self, work: Any) -> None:
@@ -489,30 +593,29 @@ class JobWorker:
 
     # -- one run -----------------------------------------------------------------------------
 
-    def _launch(self, claimed: ClaimedJob) -> None:
-        run = _Run(claimed, self._route(claimed.name))
+    def _launch(self, claimed: ClaimedJob, now: datetime, loop: asyncio.AbstractEventLoop) -> None:
+        run = _Run(self, claimed, self._route(claimed.name))
         if not self._accepting:
             run.controller.abort(self._drained("claimed as the drain began"))
         self._runs[claimed.claim.claim] = run
-        self._busy[claimed.queue] = self._busy.get(claimed.queue, 0) + 1
-        run.lease = self._renewals.add(
-            lambda: self._heartbeat(run),
-            on_refused=lambda: self._lease_refused(run),
-            on_lapsed=lambda: self._lease_lapsed(run),
-            on_failed=lambda error: self._heartbeat_failed(run, error),
-        )
-        run.task = asyncio.get_running_loop().create_task(self._execute(run))
+        self._busy[claimed.queue] += 1
+        run.lease = self._renewals.add(run, now)
+        run.task = loop.create_task(self._execute(run))
 
     async def _execute(self, run: _Run) -> None:
         claimed = run.claimed
         ran = False
         try:
-            admitted, failure = await self._admit(run)
+            handle = run.handle
+            if self._limits is None and (handle is None or handle.concurrency is None):
+                admitted, failure = True, None  # nothing to admit it against
+            else:
+                admitted, failure = await self._admit(run)
             if admitted:
                 ran = True
                 await self._attempt(run, failure)
             else:
-                ran = run.refused
+                ran = run.key_refused
         except Exception as exc:
             log_event(
                 logging.ERROR,
@@ -557,12 +660,12 @@ class JobWorker:
             await self._hand_back(run, self._clock.now())
             return False, None
         if decision.kind == "refuse":
-            run.refused = True
+            run.key_refused = True
             await self._refuse(run, decision)
             return False, None
         if decision.kind == "held":
             run.held = decision
-            self._hold_slot(run, decision)
+            run.slot = self._renewals.add(_SlotHold(self._fleet, run, decision))
         return True, decision.error
 
     async def _attempt(self, run: _Run, failure: BaseException | None) -> None:
@@ -598,7 +701,8 @@ class JobWorker:
 
     def _record(self, queue: str, execution: JobExecution) -> None:
         self.stats.count(execution.outcome)
-        self._metrics.settled(queue, execution.outcome)
+        key = (queue, execution.outcome)
+        self._tally[key] = self._tally.get(key, 0) + 1
         if execution.resume_at is not None and execution.outcome in ("retried", "suspended"):
             self._remind(execution.resume_at)
 
@@ -656,9 +760,6 @@ class JobWorker:
             )
         )
 
-    def _lease_lapsed(self, run: _Run) -> None:
-        self._lease_lost(run, f"no renewal landed for a whole window ({self._vis}s)")
-
     def _lease_lost(self, run: _Run, why: str) -> None:
         claimed = run.claimed
         log_event(
@@ -679,48 +780,6 @@ class JobWorker:
             )
         )
 
-    def _heartbeat_failed(self, run: _Run, error: BaseException) -> None:
-        log_event(
-            logging.WARNING,
-            "jobs.heartbeat.failed",
-            worker=self.id,
-            job=run.claimed.name,
-            job_id=run.claimed.id,
-            error=repr(error),
-        )
-
-    def _hold_slot(self, run: _Run, slot: SlotDecision) -> None:
-        def lost() -> None:
-            log_event(
-                logging.ERROR,
-                "jobs.worker.slot-lost",
-                worker=self.id,
-                job=run.claimed.name,
-                job_id=run.claimed.id,
-                key=slot.key,
-            )
-            run.controller.abort(
-                JobSlotLostError(
-                    f"{run.claimed.name}: the concurrency slot {slot.key!r} of job "
-                    f"{run.claimed.id} was taken by another run",
-                    meta={"job": run.claimed.name, "job_id": run.claimed.id, "key": slot.key},
-                )
-            )
-
-        def failed(error: BaseException) -> None:
-            log_event(
-                logging.WARNING,
-                "jobs.worker.slot-renew-failed",
-                job=run.claimed.name,
-                job_id=run.claimed.id,
-                key=slot.key,
-                error=repr(error),
-            )
-
-        run.slot = self._renewals.add(
-            lambda: self._fleet.renew(slot), on_refused=lost, on_lapsed=lost, on_failed=failed
-        )
-
     # -- the registry row --------------------------------------------------------------------
 
     def _info(self) -> WorkerInfo:
@@ -738,11 +797,10 @@ class JobWorker:
             last_heartbeat=self._clock.now(),
         )
 
-    async def _record_worker(self) -> bool:
+    async def _record_worker(self) -> None:
         introspect = self._driver.introspect
         if introspect is not None:
             await introspect.record_worker(self._info(), ttl=self._vis)
-        return True
 
     async def _register(self) -> None:
         """Write the registry row now and keep it renewed while the worker runs."""
@@ -751,24 +809,10 @@ class JobWorker:
         except Exception as exc:
             self._registry_failed(exc)
         if self._driver.introspect is not None:
-            self._renewals.add(
-                self._record_worker,
-                on_refused=lambda: None,
-                on_lapsed=self._registry_lapsed,
-                on_failed=self._registry_failed,
-            )
+            self._renewals.add(_RegistryRow(self))
 
     def _registry_failed(self, error: BaseException) -> None:
         log_event(logging.WARNING, "jobs.worker.registry-failed", worker=self.id, error=repr(error))
-
-    def _registry_lapsed(self) -> None:
-        if self._state == "running":
-            self._renewals.add(
-                self._record_worker,
-                on_refused=lambda: None,
-                on_lapsed=self._registry_lapsed,
-                on_failed=self._registry_failed,
-            )
 
 
 class _FailingBody:
