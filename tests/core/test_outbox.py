@@ -27,6 +27,7 @@ from ultimat3.jobs.core import (
     outbox_jobs_facade,
     outbox_relay,
     set_jobs_facade,
+    shutdown,
 )
 from ultimat3.jobs.core.memory import MemoryJobDriver, MemoryOutboxStore
 
@@ -359,6 +360,26 @@ async def test_a_full_batch_is_followed_by_another_pass_at_once(
     relay.start()
     await until(lambda: store.retained() == [])  # no clock movement needed
     await relay.stop()
+
+
+async def test_a_started_relay_drains_with_the_process(
+    driver: MemoryJobDriver, clock: FrozenClock, store: MemoryOutboxStore
+) -> None:
+    await store.stage(request(1))
+    slow = FlakyDriver(driver)
+    slow.gate = asyncio.Event()
+    relay = outbox_relay(store=store, driver=slow, clock=clock)
+    relay.start()
+    await settle()
+    shutting = asyncio.ensure_future(shutdown("SIGTERM"))
+    await settle()
+    assert not shutting.done()  # the close phase joins the publish in flight
+    slow.gate.set()
+    await shutting
+    assert store.retained() == []
+    await store.stage(request(2))
+    await run_clock(clock, 60)
+    assert len(store.retained()) == 1  # it polls no more
 
 
 async def test_stop_joins_the_pass_in_flight(

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from support.eventually import run_clock, settle, until
 
 from ultimat3.jobs.core import (
+    Concurrency,
     Enqueued,
     EnqueueRequest,
     FrozenClock,
@@ -412,6 +413,35 @@ async def test_an_occurrence_whose_entries_raise_is_logged_and_passed_over(
         r for r in caplog.records if getattr(r, "event", "") == "jobs.scheduler.task-invalid"
     ]
     assert len(invalid) == 1
+
+
+async def test_a_fire_asks_each_jobs_concurrency_key_as_an_enqueue_does(
+    driver: MemoryJobDriver, clock: FrozenClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    @job(
+        input=Tick,
+        idempotency_key=lambda i: f"keyed:{i.at}",
+        tenant="none",
+        queue="ticks",
+        concurrency=Concurrency(key=lambda i: "" if i.at else "ok", limit=1),
+    )
+    async def keyed(*, input: Tick) -> None:
+        return None
+
+    def fire(occurrence: int) -> list[tuple[Any, Tick]]:
+        return [(keyed, Tick(occurrence))]
+
+    the_task = task(cron="0 * * * *", tz="UTC", enqueue=fire)
+    scheduler = job_scheduler(driver=driver, tasks=[the_task], clock=clock)
+    await scheduler.run_once()
+    clock.set(hour(1))
+    with caplog.at_level(logging.ERROR, logger="ultimat3.jobs"):
+        await scheduler.run_once()
+    (invalid,) = [
+        r for r in caplog.records if getattr(r, "event", "") == "jobs.scheduler.task-invalid"
+    ]
+    assert "X_JOB_DECLARATION_INVALID" in invalid.getMessage()
+    assert await fired(driver) == []
 
 
 async def test_stopping_finishes_the_round_in_flight_and_hands_the_lease_back(

@@ -53,6 +53,7 @@ from .memory.scheduler import always_leader, memory_scheduler_state
 from .model import TaskFire
 from .protocol import JobDriver, Leader, SchedulerState
 from .registry import registered_tasks
+from .retry import error_code
 from .task import AnyTaskHandle
 from .wake import signal_enqueued
 
@@ -327,7 +328,8 @@ class JobScheduler:
                 "jobs.scheduler.task-invalid",
                 task=task.name,
                 occurrence_ms=fired_ms,
-                error=repr(exc),
+                code=error_code(exc),
+                error=str(exc),
                 fix="this occurrence is passed over; fix the task's enqueue",
             )
             await self._state.arm(task.name, mark_ms)

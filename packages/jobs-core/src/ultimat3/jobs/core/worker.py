@@ -598,7 +598,7 @@ class JobWorker:
         if not self._accepting:
             run.controller.abort(self._drained("claimed as the drain began"))
         self._runs[claimed.claim.claim] = run
-        self._busy[claimed.queue] += 1
+        self._busy[claimed.queue] = self._busy.get(claimed.queue, 0) + 1
         run.lease = self._renewals.add(run, now)
         run.task = loop.create_task(self._execute(run))
 
