@@ -42,10 +42,10 @@ CLUSTER_SLOTS = 16384
 
 def namespace_base(prefix: str) -> str:
     """``{prefix}:`` — the start of every key of the namespace."""
-    if not prefix or "{" in prefix or "}" in prefix:
+    if not prefix or any(c in prefix for c in "{}") or any(c.isspace() for c in prefix):
         raise InvariantError(
-            f"prefix={prefix!r} must be a non-empty name without braces; the driver wraps it "
-            "in {} itself so every key of the namespace shares one cluster slot",
+            f"prefix={prefix!r} must be a non-empty name without braces or spaces; the driver "
+            "wraps it in {} itself so every key of the namespace shares one cluster slot",
             meta={"prefix": prefix},
         )
     return "{" + prefix + "}:"

@@ -10,6 +10,7 @@ FLUSH``) answers NOSCRIPT; the call then loads every script again and retries on
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import re
@@ -19,7 +20,7 @@ from importlib import resources
 from typing import Any
 
 from redis.asyncio import Redis
-from redis.exceptions import NoScriptError
+from redis.exceptions import ConnectionError, NoScriptError
 from ultimat3.jobs.core.logs import log_event
 
 from .wire import Wire
@@ -141,10 +142,14 @@ class ScriptRunner:
         self._loaded = False
 
     async def load(self) -> None:
-        pipe = self._client.pipeline(transaction=False)
-        for loaded in _SCRIPTS.values():
-            pipe.script_load(loaded.source)
-        await pipe.execute()
+        if self._wire is None:
+            pipe = self._client.pipeline(transaction=False)
+            for loaded in _SCRIPTS.values():
+                pipe.script_load(loaded.source)
+            await pipe.execute()
+        else:
+            loads = [["SCRIPT", "LOAD", loaded.source] for loaded in _SCRIPTS.values()]
+            await asyncio.gather(*(self._on_wire(command) for command in loads))
         self._loaded = True
 
     async def __call__(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
@@ -161,7 +166,20 @@ class ScriptRunner:
     async def _evalsha(self, loaded: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
         if self._wire is None:
             return await self._client.evalsha(loaded.sha, len(keys), *keys, *args)
-        return await self._wire.call(["EVALSHA", loaded.sha, str(len(keys)), *keys, *args])
+        return await self._on_wire(["EVALSHA", loaded.sha, str(len(keys)), *keys, *args])
+
+    async def _on_wire(self, command: list[str]) -> Any:
+        assert self._wire is not None
+        try:
+            return await self._wire.call(command)
+        except ConnectionError:
+            # Once more on a fresh connection, as redis-py retries its own commands: the common
+            # case is a command written to a socket the server had already closed (a restart),
+            # which never ran. Had it run, the repeat is benign for every script here: enqueue
+            # and step writes are idempotent, a repeated settle answers False (the worker logs
+            # it as unowned), a repeated claim leaves the first claim's rows to lapse.
+            log_event(logging.INFO, "jobs.redis.reconnected", command=command[0])
+            return await self._wire.call(command)
 
     async def close(self) -> None:
         if self._wire is not None:

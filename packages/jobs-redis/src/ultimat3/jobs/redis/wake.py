@@ -25,7 +25,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from redis.asyncio import Redis
+from redis.asyncio import ConnectionPool, Redis
 from ultimat3.jobs.core.ids import new_id
 from ultimat3.jobs.core.logs import log_event
 
@@ -45,9 +45,17 @@ class _ProbeUnansweredError(Exception):
 
 
 class RedisQueueWake:
+    """``client`` publishes the probes; the subscription holds a connection of its own, named
+    ``<channel>`` in ``CLIENT LIST`` so an operator can tell it from the rest."""
+
     def __init__(self, client: Redis, channel: str) -> None:
         self._client = client
         self._channel = channel
+        pool = client.connection_pool
+        options = {**pool.connection_kwargs, "client_name": channel}
+        self._subscriber = Redis(
+            connection_pool=ConnectionPool(connection_class=pool.connection_class, **options)
+        )
         self._listeners: list[Callable[[str], None]] = []
         self._live = False
         self._live_event = asyncio.Event()
@@ -84,6 +92,7 @@ class RedisQueueWake:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._set_live(False, None)
+        await self._subscriber.aclose()
 
     def _set_live(self, live: bool, reason: Any) -> None:
         if live and not self._live:
@@ -99,7 +108,7 @@ class RedisQueueWake:
     async def _run(self) -> None:
         backoff = 0.1
         while True:
-            pubsub = self._client.pubsub()
+            pubsub = self._subscriber.pubsub()
             try:
                 await pubsub.subscribe(self._channel)
                 await self._listen(pubsub)

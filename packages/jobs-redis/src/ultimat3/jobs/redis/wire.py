@@ -81,6 +81,7 @@ class Wire:
 
     async def _read(self) -> None:
         connection = self._connection
+        me = asyncio.current_task()
         try:
             while True:
                 try:
@@ -94,13 +95,16 @@ class Wire:
                     future.set_exception(reply)
                 else:
                     future.set_result(reply)
-        except asyncio.CancelledError:
-            self._broken(ConnectionError("the connection was closed"))
-            raise
         except BaseException as exc:
-            self._broken(exc)
+            # A reader the wire already replaced (or closed) owns nothing any more: only the
+            # current one may declare the connection broken.
+            if self._reader is me:
+                self._broken(exc)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
 
     def _broken(self, cause: BaseException) -> None:
+        """Fail every call still owed a reply, and make the next call dial afresh."""
         self._stale = True
         reader, self._reader = self._reader, None
         if reader is not None and reader is not asyncio.current_task():
@@ -108,13 +112,12 @@ class Wire:
         waiting, self._waiting = self._waiting, collections.deque()
         for future in waiting:
             if not future.done():
-                error = ConnectionError(f"the connection to Redis broke: {cause!r}")
-                future.set_exception(error)
+                future.set_exception(ConnectionError(f"the connection to Redis broke: {cause}"))
 
     async def close(self) -> None:
-        reader, self._reader = self._reader, None
+        reader = self._reader
+        self._broken(ConnectionError("the driver was closed"))
         if reader is not None:
-            reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reader
         await self._connection.disconnect()

@@ -22,8 +22,10 @@ local function before(x, y)
   return bytes_lt(x[2], y[2])
 end
 
-local CLAIMED_FIELDS = {'id', 'run_id', 'name', 'queue', 'input', 'key', 'tenant', 'attempt',
-  'max', 'run_at', 'created', 'lease', 'worker', 'claim', 'by', 'trace'}
+-- A claimed row is answered as CLAIMED_FIELDS, in this order (codec.read_claimed reads it):
+-- id, run_id, name, queue, input, key, tenant, attempt, max, run_at, created, lease, worker,
+-- claim, by, trace. The fields `load` does not read anyway come in its same call.
+local CLAIM_MORE = {'input', 'key', 'tenant', 'by', 'trace'}
 local EXHAUSTED_FIELDS = {'id', 'run_id', 'name', 'queue', 'input', 'tenant', 'attempt', 'max',
   'state'}
 local claimed, exhausted = {}, {}
@@ -31,10 +33,13 @@ local seq = 0
 
 local function take(row)
   seq = seq + 1
-  move(row, 'running', {'attempt', row.attempt + 1, 'worker', worker, 'claim', base .. '.' .. seq,
-    'lease', lease_until})
+  local claim, attempt = base .. '.' .. seq, row.attempt + 1
+  move(row, 'running', {'attempt', attempt, 'worker', worker, 'claim', claim, 'lease', lease_until})
   redis.call('ZADD', k_lease(row.queue), lease_until, row.id)
-  claimed[#claimed + 1] = {redis.call('HMGET', k_job(row.id), unpack(CLAIMED_FIELDS)),
+  local m = row.more
+  claimed[#claimed + 1] = {
+    {row.id, row.run_id, row.name, row.queue, m[1], m[2], m[3], attempt, row.max, row.run_at,
+     row.created, lease_until, worker, claim, m[4], m[5]},
     redis.call('HGETALL', k_steps(row.run_id))}
 end
 
@@ -54,7 +59,7 @@ for qi = 0, nq - 1 do
     local due = redis.call('ZRANGEBYSCORE', k_due(q), '-inf', NOW, 'WITHSCORES', 'LIMIT', 0, free)
     local lapsed = {}
     for _, id in ipairs(redis.call('ZRANGEBYSCORE', k_lease(q), '-inf', NOW)) do
-      local row = load(id)
+      local row = load(id, CLAIM_MORE)
       lapsed[#lapsed + 1] = {tonumber(row.run_at), id, row}
     end
     table.sort(lapsed, before)
@@ -73,7 +78,7 @@ for qi = 0, nq - 1 do
         end
       else
         i = i + 2
-        take(load(d[2]))
+        take(load(d[2], CLAIM_MORE))
         taken = taken + 1
       end
     end

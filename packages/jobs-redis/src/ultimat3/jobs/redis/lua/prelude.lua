@@ -125,11 +125,12 @@ local function move(row, to, extra)
   redis.call('HSET', jk, unpack(set))
   if to == 'done' and DONE_TTL > 0 then
     -- The sweep below removes the row on the driver's clock; the key TTL (server time) is the
-    -- backstop that frees the row even if no driver ever touches this queue again.
+    -- backstop that frees the row even if no driver ever touches this queue again. Its steps get
+    -- one too when this row wrote any (`hs`) and no other row shares the run.
     local ttl_ms = math.floor(DONE_TTL / 1000)
     redis.call('ZADD', k_expiry(q), NOW, expiry_member(id, row.run_id))
     redis.call('PEXPIRE', jk, ttl_ms)
-    if tonumber(redis.call('HGET', K_RUNS, row.run_id) or '0') <= 1 then
+    if row.has_steps and tonumber(redis.call('HGET', K_RUNS, row.run_id) or '0') <= 1 then
       redis.call('PEXPIRE', k_steps(row.run_id), ttl_ms)
     end
   end
@@ -137,13 +138,22 @@ local function move(row, to, extra)
 end
 
 -- The row fields `move` and the fences need, or nil when the row does not exist.
-local function load(id)
-  local f = redis.call('HMGET', k_job(id), 'state', 'queue', 'created', 'lk', 'run_id', 'run_at',
-    'attempt', 'max', 'name', 'worker', 'claim')
+-- `more` (optional) names further fields, read in the same call into row.more in that order.
+local LOAD_FIELDS = {'state', 'queue', 'created', 'lk', 'run_id', 'run_at', 'attempt', 'max', 'name',
+  'worker', 'claim', 'hs'}
+local function load(id, more)
+  local names = LOAD_FIELDS
+  if more then
+    names = {unpack(LOAD_FIELDS)}
+    for _, name in ipairs(more) do names[#names + 1] = name end
+  end
+  local f = redis.call('HMGET', k_job(id), unpack(names))
   if not f[1] then return nil end
-  return {id = id, state = f[1], queue = f[2], created = f[3], lk = f[4], run_id = f[5],
-          run_at = f[6], attempt = tonumber(f[7]), max = tonumber(f[8]), name = f[9],
-          worker = f[10], claim = f[11]}
+  local row = {id = id, state = f[1], queue = f[2], created = f[3], lk = f[4], run_id = f[5],
+               run_at = f[6], attempt = tonumber(f[7]), max = tonumber(f[8]), name = f[9],
+               worker = f[10], claim = f[11], has_steps = f[12]}
+  if more then row.more = {unpack(f, #LOAD_FIELDS + 1, #names)} end
+  return row
 end
 
 -- Whether `row` is running under exactly this worker and claim: the fence of every write a run
