@@ -294,8 +294,7 @@ class JobWorker:
         self.stats = WorkerStats()
 
         self._routes = {handle.name: handle for handle in jobs or ()}
-        self._queues = _queues_of(queues, concurrency, jobs)
-        self._slots = _slots_table(self._queues, concurrency)
+        self._slots = _slots_table(_queues_of(queues, concurrency, jobs), concurrency)
         if isinstance(limits, LimitConfig):
             limits = ProcessLimits(limits, self._clock)
         self._limits = limits
@@ -581,9 +580,7 @@ class JobWorker:
 
     def _announce(self, exhausted: ExhaustedJob) -> None:
         dropped = exhausted.state is JobState.FAILED
-        outcome: JobOutcome = "dropped" if dropped else "dead-lettered"
-        self.stats.count(outcome)
-        self._metrics.settled(exhausted.queue, outcome)
+        self._count(exhausted.queue, "dropped" if dropped else "dead-lettered")
         self._spawn(announce_exhausted(exhausted, handle=self._route(exhausted.name)))
 
     def _spawn(self, work: Any) -> None:
@@ -699,10 +696,13 @@ class JobWorker:
         )
         self._record(run.claimed.queue, execution)
 
-    def _record(self, queue: str, execution: JobExecution) -> None:
-        self.stats.count(execution.outcome)
-        key = (queue, execution.outcome)
+    def _count(self, queue: str, outcome: JobOutcome) -> None:
+        self.stats.count(outcome)
+        key = (queue, outcome)
         self._tally[key] = self._tally.get(key, 0) + 1
+
+    def _record(self, queue: str, execution: JobExecution) -> None:
+        self._count(queue, execution.outcome)
         if execution.resume_at is not None and execution.outcome in ("retried", "suspended"):
             self._remind(execution.resume_at)
 
