@@ -81,6 +81,15 @@ async def test_driver_from_url_answers_a_driver_on_that_server(redis_url: str) -
         await driver.close()
 
 
+async def test_driver_from_url_reads_the_namespace_from_the_query(redis_url: str) -> None:
+    driver = await driver_from_url(f"{redis_url}?prefix=shop")
+    try:
+        assert isinstance(driver, RedisJobDriver)
+        assert driver.prefix == "shop"
+    finally:
+        await driver.close()
+
+
 async def test_driver_from_url_says_so_when_the_server_does_not_answer() -> None:
     with pytest.raises(DriverUnavailableError, match="did not answer"):
         await driver_from_url("redis://127.0.0.1:1/0")
