@@ -52,7 +52,7 @@ from .events import RedisEventBus
 from .introspect import RedisIntrospection
 from .keys import DEFAULT_PREFIX, namespace_base
 from .leases import RedisLeaseStore
-from .namespace import Namespace
+from .namespace import Namespace, RedisClient
 
 __all__ = ["DEFAULT_DONE_TTL", "RedisJobDriver", "redis_job_driver"]
 
@@ -81,7 +81,7 @@ _Renewal = tuple[str, str, str, str]
 class RedisJobDriver:
     def __init__(
         self,
-        client: Redis,
+        client: RedisClient,
         *,
         prefix: str = DEFAULT_PREFIX,
         clock: Clock = SYSTEM_CLOCK,
@@ -106,7 +106,7 @@ class RedisJobDriver:
         self._events = RedisEventBus(self._ns)
 
     @property
-    def client(self) -> Redis:
+    def client(self) -> RedisClient:
         return self._ns.client
 
     @property
@@ -269,8 +269,8 @@ class RedisJobDriver:
             await self._ns.client.aclose()
 
 
-def _require_text_responses(client: Redis) -> None:
-    if not client.get_encoder().decode_responses:  # type: ignore[no-untyped-call]
+def _require_text_responses(client: RedisClient) -> None:
+    if not client.get_encoder().decode_responses:
         raise InvariantError(
             "the Redis client must decode responses to str; build it with "
             "redis.asyncio.Redis.from_url(url, decode_responses=True), or pass url= instead",
@@ -279,7 +279,7 @@ def _require_text_responses(client: Redis) -> None:
 
 
 def redis_job_driver(
-    client: Redis | None = None,
+    client: RedisClient | None = None,
     *,
     url: str | None = None,
     prefix: str = DEFAULT_PREFIX,

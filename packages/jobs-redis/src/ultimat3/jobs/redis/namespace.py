@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any, cast
+from typing import Any, TypeAlias, cast
 
-from redis.asyncio import Redis
+from redis.asyncio import Redis, RedisCluster
 from ultimat3.jobs.core.clock import Clock
 from ultimat3.jobs.core.constants import COUNTER_TIERS
 from ultimat3.jobs.core.counters import bucket_start
@@ -19,13 +19,16 @@ from ultimat3.jobs.core.counters import bucket_start
 from .codec import to_us
 from .scripts import ScriptRunner
 
-__all__ = ["Namespace"]
+__all__ = ["Namespace", "RedisClient"]
+
+RedisClient: TypeAlias = Redis | RedisCluster
+"""A plain client (one server, or a Sentinel-managed one) or a Cluster client."""
 
 _MINUTE = COUNTER_TIERS[0][0]
 
 
 class Namespace:
-    def __init__(self, client: Redis, *, base: str, clock: Clock, done_ttl_s: float) -> None:
+    def __init__(self, client: RedisClient, *, base: str, clock: Clock, done_ttl_s: float) -> None:
         self.client = client
         self.base = base
         self.clock = clock

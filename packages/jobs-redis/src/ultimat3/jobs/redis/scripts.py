@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from redis.asyncio import Redis
+from redis.asyncio import Redis, RedisCluster
 from redis.exceptions import ConnectionError, NoScriptError
 from ultimat3.jobs.core.logs import log_event
 
@@ -136,7 +136,7 @@ class ScriptRunner:
     of one slot) through the client's own ``evalsha``.
     """
 
-    def __init__(self, client: Redis) -> None:
+    def __init__(self, client: Redis | RedisCluster) -> None:
         self._client = client
         self._wire = Wire(client) if type(client) is Redis else None
         self._loaded = False

@@ -26,10 +26,12 @@ from collections.abc import Callable
 from typing import Any
 
 from redis.asyncio import ConnectionPool, Redis
+from ultimat3.jobs.core.errors import InvariantError
 from ultimat3.jobs.core.ids import new_id
 from ultimat3.jobs.core.logs import log_event
 
 from .driver import RedisJobDriver
+from .namespace import RedisClient
 
 __all__ = ["RedisQueueWake", "start_queue_wake"]
 
@@ -45,17 +47,28 @@ class _ProbeUnansweredError(Exception):
 
 
 class RedisQueueWake:
-    """``client`` publishes the probes; the subscription holds a connection of its own, named
-    ``<channel>`` in ``CLIENT LIST`` so an operator can tell it from the rest."""
+    """``client`` publishes the probes. The subscription holds a connection of its own, from
+    ``subscriber`` (a plain client to any node of a Cluster: PUBLISH reaches every node), else
+    one built from ``client``'s settings and named ``<channel>`` in ``CLIENT LIST``."""
 
-    def __init__(self, client: Redis, channel: str) -> None:
+    def __init__(
+        self, client: RedisClient, channel: str, *, subscriber: Redis | None = None
+    ) -> None:
         self._client = client
         self._channel = channel
-        pool = client.connection_pool
-        options = {**pool.connection_kwargs, "client_name": channel}
-        self._subscriber = Redis(
-            connection_pool=ConnectionPool(connection_class=pool.connection_class, **options)
-        )
+        self._owns_subscriber = subscriber is None
+        if subscriber is None:
+            if not isinstance(client, Redis):
+                raise InvariantError(
+                    "a Cluster client cannot hold a subscription; pass subscriber= a "
+                    "redis.asyncio.Redis client to any one node of the cluster",
+                )
+            pool = client.connection_pool
+            options = {**pool.connection_kwargs, "client_name": channel}
+            subscriber = Redis(
+                connection_pool=ConnectionPool(connection_class=pool.connection_class, **options)
+            )
+        self._subscriber = subscriber
         self._listeners: list[Callable[[str], None]] = []
         self._live = False
         self._live_event = asyncio.Event()
@@ -92,7 +105,8 @@ class RedisQueueWake:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._set_live(False, None)
-        await self._subscriber.aclose()
+        if self._owns_subscriber:
+            await self._subscriber.aclose()
 
     def _set_live(self, live: bool, reason: Any) -> None:
         if live and not self._live:
@@ -161,9 +175,10 @@ class RedisQueueWake:
                     listener(data)
 
 
-def start_queue_wake(driver: RedisJobDriver) -> RedisQueueWake:
+def start_queue_wake(driver: RedisJobDriver, *, subscriber: Redis | None = None) -> RedisQueueWake:
     """Start the wake for ``driver``'s namespace (one subscriber connection, from a running
-    event loop); hand it to ``job_worker(..., wake=...)`` and ``close()`` it on shutdown."""
-    wake = RedisQueueWake(driver.client, driver.wake_channel)
+    event loop); hand it to ``job_worker(..., wake=...)`` and ``close()`` it on shutdown. On a
+    Cluster, pass ``subscriber``: a plain client to any one node."""
+    wake = RedisQueueWake(driver.client, driver.wake_channel, subscriber=subscriber)
     wake.start()
     return wake
