@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapp
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, TypeVar
 
 import pytest
 
@@ -49,6 +49,8 @@ __all__ = [
     "TargetFactory",
     "open_conformance",
 ]
+
+T = TypeVar("T")
 
 CONFORMANCE_EPOCH = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 """Where every conformance clock starts: a whole second, so a backend that keeps milliseconds
@@ -88,8 +90,11 @@ TargetFactory: TypeAlias = Callable[
 """``factory(clock, request)``: an async context manager yielding a fresh, empty target."""
 
 
-def _missing(part: str) -> None:
-    pytest.skip(f"the target offers no {part}")
+def _offered(part: T | None, what: str) -> T:
+    """``part``, or a skip of the test naming what the target does not offer."""
+    if part is None:
+        pytest.skip(f"the target offers no {what}")
+    return part
 
 
 class Conformance:
@@ -108,62 +113,39 @@ class Conformance:
 
     @property
     def introspect(self) -> JobIntrospection:
-        part = self.driver.introspect
-        if part is None:
-            _missing("operator surface (driver.introspect is None)")
-        assert part is not None
-        return part
+        return _offered(self.driver.introspect, "operator surface (driver.introspect is None)")
 
     @property
     def leases(self) -> LeaseStore:
-        part = self.driver.leases
-        if part is None:
-            _missing("lease store (driver.leases is None)")
-        assert part is not None
-        return part
+        return _offered(self.driver.leases, "lease store (driver.leases is None)")
 
     @property
     def backfills(self) -> BackfillLedger:
-        part = self.driver.backfills
-        if part is None:
-            _missing("backfill ledger (driver.backfills is None)")
-        assert part is not None
-        return part
+        return _offered(self.driver.backfills, "backfill ledger (driver.backfills is None)")
 
     @property
     def events(self) -> EventBus:
-        part = self.target.events or self.driver.events
-        if part is None:
-            _missing("event bus (neither ConformanceTarget.events nor driver.events)")
-        assert part is not None
-        return part
+        return _offered(
+            self.target.events or self.driver.events,
+            "event bus (neither ConformanceTarget.events nor driver.events)",
+        )
 
     @property
     def outbox(self) -> OutboxStore:
-        if self.target.outbox is None:
-            _missing("outbox store (ConformanceTarget.outbox)")
-        assert self.target.outbox is not None
-        return self.target.outbox
+        return _offered(self.target.outbox, "outbox store (ConformanceTarget.outbox)")
 
     @property
     def scheduler_state(self) -> SchedulerState:
-        if self.target.scheduler_state is None:
-            _missing("scheduler state (ConformanceTarget.scheduler_state)")
-        assert self.target.scheduler_state is not None
-        return self.target.scheduler_state
+        return _offered(
+            self.target.scheduler_state, "scheduler state (ConformanceTarget.scheduler_state)"
+        )
 
     def new_leader(self) -> Leader:
-        if self.target.leader is None:
-            _missing("leader (ConformanceTarget.leader)")
-        assert self.target.leader is not None
-        return self.target.leader()
+        return _offered(self.target.leader, "leader (ConformanceTarget.leader)")()
 
     @property
     def leader_ttl(self) -> float:
-        if self.target.leader_ttl is None:
-            _missing("leader lease TTL (ConformanceTarget.leader_ttl)")
-        assert self.target.leader_ttl is not None
-        return self.target.leader_ttl
+        return _offered(self.target.leader_ttl, "leader lease TTL (ConformanceTarget.leader_ttl)")
 
     # -- time ---------------------------------------------------------------------------------
 
