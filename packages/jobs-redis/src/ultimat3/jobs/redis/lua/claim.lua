@@ -9,8 +9,11 @@
 -- due now (ready, delayed or suspended with run_at <= now; running rows whose lease lapsed) in
 -- (run_at, id) order each become running with attempt + 1. A lapsed row already at its last
 -- attempt is never handed out: it is buried dead (failed when its name is in drop_exhausted),
--- counted, and reported once. Reads two sorted sets per queue, never a scan.
+-- counted, and reported once. Reads two sorted sets per queue, never a scan: up to `free` due
+-- rows, and the lapsed rows — at most LAPSED_LIMIT a call, the longest lapsed first, so a mass
+-- lapse (a fleet crash) costs each claim a bounded read; the order above then holds among them.
 local SWEEP_LIMIT = 200
+local LAPSED_LIMIT = 1000
 local worker, base, lease_until, lapsed_error = ARGV[4], ARGV[5], ARGV[6], ARGV[7]
 local nq = tonumber(ARGV[8])
 local drop = {}
@@ -58,7 +61,9 @@ for qi = 0, nq - 1 do
     sweep(q, SWEEP_LIMIT)
     local due = redis.call('ZRANGEBYSCORE', k_due(q), '-inf', NOW, 'WITHSCORES', 'LIMIT', 0, free)
     local lapsed = {}
-    for _, id in ipairs(redis.call('ZRANGEBYSCORE', k_lease(q), '-inf', NOW)) do
+    local lapsed_ids = redis.call('ZRANGEBYSCORE', k_lease(q), '-inf', NOW, 'LIMIT', 0,
+      LAPSED_LIMIT + free)
+    for _, id in ipairs(lapsed_ids) do
       local row = load(id, CLAIM_MORE)
       lapsed[#lapsed + 1] = {tonumber(row.run_at), id, row}
     end
