@@ -5,29 +5,31 @@ the first ``{…}`` of a key, so all of them share ONE slot: a script may touch 
 atomically, on a single server or a cluster alike. The scripts build their keys from the base
 passed as ``KEYS[1]`` (see ``lua/prelude.lua`` for the full list, each with what it holds).
 
-==========================  ======  ==========================================================
-key (after the base)        type    holds
-==========================  ======  ==========================================================
-``job:<id>``                hash    one row
-``steps:<run id>``          hash    the run's steps, name -> "<seq> <completed> <output json>"
-``live``                    hash    live key -> id of the live row holding it
-``created``                 zset    every row by created_at (the ``list()`` order)
-``queues``                  set     queues holding at least one row
-``runs``                    hash    run id -> rows naming it
-``q:<queue>:s:<state>``     zset    the queue's rows in one state, by created_at
-``q:<queue>:due``           zset    ready, delayed and suspended rows, by run_at
-``q:<queue>:lease``         zset    running rows, by lease_until
-``q:<queue>:expiry``        zset    done rows, by finished_at (only with a done TTL)
-``q:<queue>:woken``         string  a wake is out for the queue and no claim has read it yet
-``paused`` / ``pausedtasks`` set     paused queues / tasks
-``ctr:<job>`` / ``ctrnames`` hash    counter buckets of one job / names having any
-``workers`` / ``workers:exp`` hash   live worker rows / their expiry
-``taskfires``               hash    task -> "<occurrence ms> <fired_at>"
-``lease:<key>``             hash    fleet slots: holder -> "<expires> <order>"
-``backfill:<run id>``       hash    one ledger row; ``backfills`` orders them
-``ev:<id>`` / ``evby:<event>`` / ``evexpiry``  the event bus
-``wake``                    channel the queue names announced to idle workers
-==========================  ======  ==========================================================
+================================  =======  ====================================================
+key (after the base)              type     holds
+================================  =======  ====================================================
+``job:<id>``                      hash     one row
+``steps:<run id>``                hash     the run's steps: name -> "<seq> <completed> <json>"
+``live``                          hash     live key -> id of the live row holding it
+``created``                       zset     every row by created_at (the ``list()`` order)
+``queues``                        set      queues holding at least one row
+``runs``                          hash     run id -> rows naming it
+``q:<queue>:s:<state>``           zset     the queue's rows in one state, by created_at
+``q:<queue>:due``                 zset     ready, delayed and suspended rows, by run_at
+``q:<queue>:lease``               zset     running rows, by lease_until
+``q:<queue>:expiry``              zset     done rows, by finished_at (with a done TTL)
+``q:<queue>:woken``               string   a wake for the queue no claim has read yet (1 s)
+``paused``, ``pausedtasks``       set      paused queues, paused tasks
+``ctr:<job>``, ``ctrnames``       hash     one job's counter buckets; names having any
+``workers``, ``workers:exp``      hash     live worker rows; zset of their expiry
+``taskfires``                     hash     task -> "<occurrence ms> <fired_at>"
+``watermarks``                    hash     the scheduler's task -> occurrence ms
+``lease:<key>``, ``leaseorder``   hash     fleet slots: holder -> "<expires> <order>"
+``backfill:<run id>``             hash     one ledger row; ``backfills`` (zset) orders them
+``ev:<id>``                       hash     one event (expires on the server's clock)
+``evby:<event>``, ``evexpiry``    zset     events by publish time; by expiry, for the purge
+``wake``                          channel  the queue names announced to idle workers
+================================  =======  ====================================================
 """
 
 from __future__ import annotations
@@ -37,15 +39,18 @@ from ultimat3.jobs.core.errors import InvariantError
 __all__ = ["DEFAULT_PREFIX", "hash_slot", "namespace_base"]
 
 DEFAULT_PREFIX = "ujobs"
+_RESERVED = frozenset("{}*?[]\\")
+"""Braces would move the hash tag; glob characters would let ``clear()`` match other keys."""
 CLUSTER_SLOTS = 16384
 
 
 def namespace_base(prefix: str) -> str:
     """``{prefix}:`` — the start of every key of the namespace."""
-    if not prefix or any(c in prefix for c in "{}") or any(c.isspace() for c in prefix):
+    if not prefix or any(c in _RESERVED or c.isspace() for c in prefix):
         raise InvariantError(
-            f"prefix={prefix!r} must be a non-empty name without braces or spaces; the driver "
-            "wraps it in {} itself so every key of the namespace shares one cluster slot",
+            f"prefix={prefix!r} must be a non-empty name without spaces, braces or glob "
+            "characters (*?[]\\); the driver wraps it in {} itself so every key of the "
+            "namespace shares one cluster slot",
             meta={"prefix": prefix},
         )
     return "{" + prefix + "}:"
