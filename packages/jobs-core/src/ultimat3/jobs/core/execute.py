@@ -77,6 +77,7 @@ __all__ = [
     "JobExecution",
     "announce_exhausted",
     "execute_job",
+    "fail_job",
     "failure_verdict",
     "refuse_job",
 ]
@@ -173,13 +174,11 @@ async def execute_job(
         settled=False,
     )
     if handle is None:
-        error: BaseException = JobsError(
+        error = JobsError(
             f"no job named {claimed.name!r} is registered in this worker; deploy the code that "
             "declares it, or define_api() the module that does"
         )
-        retry = Retry(attempts=max(1, claimed.max_attempts))
-        await _settle_failure(driver, None, claimed, retry, error, None, None, execution, clock)
-        return execution
+        return await fail_job(claimed, driver=driver, handle=None, error=error, clock=clock)
 
     controller = AbortController()
     run_signal = any_signal(signal, controller.signal) if signal else controller.signal
@@ -203,7 +202,6 @@ async def execute_job(
             claimed,
             handle.retry,
             exc,
-            None,
             None,
             execution,
             clock,
@@ -250,12 +248,44 @@ async def execute_job(
             claimed,
             handle.retry,
             ending.error,
-            value,
             attempt.context if handle.on_settled is not None else ctx,
             execution,
             clock,
             parsed=value,
         )
+    return execution
+
+
+async def fail_job(
+    claimed: ClaimedJob,
+    *,
+    driver: JobDriver,
+    handle: AnyJobHandle | None,
+    error: BaseException,
+    clock: Clock | None = None,
+) -> JobExecution:
+    """Fail an attempt that cannot start — its concurrency key raised, the worker's context
+    factory raised, no job of its name is registered — on the job's ordinary retry path, with the
+    body never called. ``on_settled`` is told when the failure is final."""
+    clock = clock or driver.clock
+    execution = JobExecution(
+        job_id=claimed.id,
+        run_id=claimed.run_id,
+        name=claimed.name,
+        attempt=claimed.attempt,
+        outcome="lease-lost",
+        settled=False,
+    )
+    retry = handle.retry if handle is not None else Retry(attempts=max(1, claimed.max_attempts))
+    parsed: Any = None
+    if handle is not None:
+        try:
+            parsed = handle.codec.parse(claimed.input)
+        except JobInputInvalidError:
+            parsed = None
+    await _settle_failure(
+        driver, handle, claimed, retry, error, None, execution, clock, parsed=parsed
+    )
     return execution
 
 
@@ -361,6 +391,9 @@ async def _run_body(
     def cancel_body(_reason: BaseException) -> None:
         current.cancel()
 
+    early = run_signal.reason
+    if early is not None:  # aborted before the body could start: it never does
+        return _aborted_ending(run_signal)
     stop_listening = run_signal.add_listener(cancel_body)
     deadline: asyncio.Task[None] | None = None
     if handle.timeout_s is not None:
@@ -468,7 +501,6 @@ async def _settle_failure(
     claimed: ClaimedJob,
     retry: Retry,
     error: BaseException,
-    value: Any,
     ctx: JobContext[Any] | None,
     execution: JobExecution,
     clock: Clock,

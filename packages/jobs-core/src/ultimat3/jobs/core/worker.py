@@ -40,7 +40,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from types import TracebackType
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 from .clock import Clock
 from .concurrency import FleetSlots, SlotDecision, require_lease_store
@@ -65,7 +65,7 @@ from .errors import (
     JobSlotLostError,
     LeaseLostError,
 )
-from .execute import JobExecution, announce_exhausted, execute_job, refuse_job
+from .execute import JobExecution, announce_exhausted, execute_job, fail_job, refuse_job
 from .ids import new_id
 from .job import AnyJobHandle
 from .lifecycle import (
@@ -682,18 +682,24 @@ class JobWorker:
                 services = await services
         except Exception as exc:
             failure = exc
-        handle = run.handle
-        if failure is not None and handle is not None:
-            handle = cast(AnyJobHandle, _FailingBody(handle, failure))
-        execution = await execute_job(
-            run.claimed,
-            driver=self._driver,
-            handle=handle,
-            services=services,
-            signal=run.controller.signal,
-            events=self._events,
-            clock=self._clock,
-        )
+        if failure is not None:
+            execution = await fail_job(
+                run.claimed,
+                driver=self._driver,
+                handle=run.handle,
+                error=failure,
+                clock=self._clock,
+            )
+        else:
+            execution = await execute_job(
+                run.claimed,
+                driver=self._driver,
+                handle=run.handle,
+                services=services,
+                signal=run.controller.signal,
+                events=self._events,
+                clock=self._clock,
+            )
         self._record(run.claimed.queue, execution)
 
     def _count(self, queue: str, outcome: JobOutcome) -> None:
@@ -813,22 +819,6 @@ class JobWorker:
 
     def _registry_failed(self, error: BaseException) -> None:
         log_event(logging.WARNING, "jobs.worker.registry-failed", worker=self.id, error=repr(error))
-
-
-class _FailingBody:
-    """A job's handle whose body raises ``error`` instead of running: how an attempt that cannot
-    start (its concurrency key raised, the context factory raised) fails on the job's own retry
-    path, ``on_settled`` included, with the body never called."""
-
-    def __init__(self, handle: AnyJobHandle, error: BaseException) -> None:
-        self._handle = handle
-        self._error = error
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._handle, name)
-
-    async def call_body(self, available: Mapping[str, Any]) -> Any:
-        raise self._error
 
 
 def _queues_of(
