@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from datetime import timedelta
 from typing import Any
@@ -39,7 +40,7 @@ def count_enqueue_statements(
 
     async def counted(query: str, params: Any = None, **options: Any) -> Any:
         if query == SQL_ENQUEUE:
-            seen.append(len(params["ids"]))
+            seen.append(len(json.loads(params["rows"])))
         return await fetch(query, params, **options)
 
     monkeypatch.setattr(driver.executor, "fetch", counted)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from datetime import timedelta
 from typing import Any
 
@@ -44,7 +45,7 @@ def statements_of(
 
     async def counted(text: str, params: Any = None, **options: Any) -> Any:
         if text == query:
-            seen.append(len(params["ids"]))
+            seen.append(len(json.loads(params["rows"])))
         return await fetch(text, params, **options)
 
     monkeypatch.setattr(driver.executor, "fetch", counted)

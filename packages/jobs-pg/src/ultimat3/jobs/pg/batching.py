@@ -18,6 +18,9 @@ from typing import Generic, TypeVar
 
 __all__ = ["Coalescer"]
 
+_GATHER_TURNS = 16
+"""At most this many turns of the event loop are spent gathering a first flush."""
+
 ItemT = TypeVar("ItemT")
 ResultT = TypeVar("ResultT")
 
@@ -62,8 +65,14 @@ class Coalescer(Generic[ItemT, ResultT]):
             await asyncio.shield(self._runner)
 
     async def _run(self) -> None:
-        # Let every call that is already runnable join the first flush.
-        await asyncio.sleep(0)
+        # Let the calls already on their way join the first flush: yield to them until a turn
+        # of the loop brings no new one (a burst of settles arrives over a few turns).
+        arrived = -1
+        for _ in range(_GATHER_TURNS):
+            if len(self._pending) == arrived:
+                break
+            arrived = len(self._pending)
+            await asyncio.sleep(0)
         while self._pending:
             batch = self._take()
             try:

@@ -40,7 +40,7 @@ from .batching import Coalescer
 from .executor import PgExecutor, PgTarget, pg_executor
 from .introspect import PostgresIntrospection
 from .leases import PostgresLeaseStore
-from .rows import claimed_job, dump_json, exhausted_job, utc
+from .rows import claimed_job, dump_json, enqueue_rows, exhausted_job, utc
 from .sql_claim import SQL_CLAIM
 from .sql_enqueue import SQL_ENQUEUE
 from .sql_read import SQL_STATS
@@ -56,7 +56,7 @@ _ENQUEUE_RETRIES = 10
 
 _Ack = tuple[str, str, str, int | None]
 _Nack = tuple[str, NackOptions]
-_Heartbeat = tuple[str, str, str, datetime]
+_Heartbeat = tuple[str, str, str, str]
 
 
 class PostgresJobDriver:
@@ -142,7 +142,7 @@ class PostgresJobDriver:
         for _ in range(_ENQUEUE_RETRIES):
             batch = [requests[i] for i in todo]
             now = self._clock.now()
-            rows = await self._executor.fetch(SQL_ENQUEUE, _enqueue_params(batch, now))
+            rows = await self._executor.fetch(SQL_ENQUEUE, _statement_params(batch, now))
             unanswered = []
             for ord_, job_id, run_id, deduped, _announced in rows:
                 position = todo[ord_ - 1]
@@ -208,15 +208,7 @@ class PostgresJobDriver:
     async def _flush_acks(self, items: Sequence[_Ack]) -> list[bool]:
         now = self._clock.now()
         rows = await self._executor.fetch(
-            SQL_ACK,
-            {
-                "ids": [item[0] for item in items],
-                "worker_ids": [item[1] for item in items],
-                "claims": [item[2] for item in items],
-                "durations": [item[3] for item in items],
-                "now": now,
-                "bucket": bucket_start(now, _MINUTE),
-            },
+            SQL_ACK, {"rows": dump_json(items), "now": now, "bucket": bucket_start(now, _MINUTE)}
         )
         landed = {row[0] for row in rows}
         return [item[0] in landed for item in items]
@@ -226,39 +218,34 @@ class PostgresJobDriver:
 
     async def _flush_nacks(self, items: Sequence[_Nack]) -> list[bool]:
         now = self._clock.now()
+        batch = [
+            (
+                job_id,
+                options.worker_id,
+                options.claim,
+                nack_state(options).value,
+                options.error,
+                None if options.run_at is None else options.run_at.isoformat(),
+                options.count_attempt,
+                nack_counter(options),
+                options.duration_ms,
+            )
+            for job_id, options in items
+        ]
         rows = await self._executor.fetch(
-            SQL_NACK,
-            {
-                "ids": [job_id for job_id, _ in items],
-                "worker_ids": [options.worker_id for _, options in items],
-                "claims": [options.claim for _, options in items],
-                "states": [nack_state(options).value for _, options in items],
-                "errors": [options.error for _, options in items],
-                "run_ats": [options.run_at for _, options in items],
-                "count_attempts": [options.count_attempt for _, options in items],
-                "counters": [nack_counter(options) for _, options in items],
-                "durations": [options.duration_ms for _, options in items],
-                "now": now,
-                "bucket": bucket_start(now, _MINUTE),
-            },
+            SQL_NACK, {"rows": dump_json(batch), "now": now, "bucket": bucket_start(now, _MINUTE)}
         )
         landed = {row[0] for row in rows}
         return [job_id in landed for job_id, _ in items]
 
     async def heartbeat(self, job_id: str, ref: ClaimRef, visibility_timeout: float) -> bool:
         lease_until = self._clock.now() + timedelta(seconds=visibility_timeout)
-        return await self._heartbeats.submit((job_id, ref.worker_id, ref.claim, lease_until))
+        return await self._heartbeats.submit(
+            (job_id, ref.worker_id, ref.claim, lease_until.isoformat())
+        )
 
     async def _flush_heartbeats(self, items: Sequence[_Heartbeat]) -> list[bool]:
-        rows = await self._executor.fetch(
-            SQL_HEARTBEAT,
-            {
-                "ids": [item[0] for item in items],
-                "worker_ids": [item[1] for item in items],
-                "claims": [item[2] for item in items],
-                "lease_untils": [item[3] for item in items],
-            },
-        )
+        rows = await self._executor.fetch(SQL_HEARTBEAT, {"rows": dump_json(items)})
         landed = {row[0] for row in rows}
         return [item[0] in landed for item in items]
 
@@ -344,8 +331,21 @@ def _rounds(requests: Sequence[EnqueueRequest], positions: range) -> list[list[i
     return rounds
 
 
-def _enqueue_params(batch: Sequence[EnqueueRequest], now: datetime) -> dict[str, Any]:
+def _statement_params(batch: Sequence[EnqueueRequest], now: datetime) -> dict[str, Any]:
+    """The parameters of SQL_ENQUEUE for ``batch``."""
     return {
+        "rows": enqueue_rows(batch),
+        "now": now,
+        "slot": int(now.timestamp() // WAKE_SLOT_S),
+        "due_by": now + timedelta(seconds=WAKE_DUE_WITHIN_S),
+    }
+
+
+def _enqueue_params(batch: Sequence[EnqueueRequest], now: datetime) -> dict[str, Any]:
+    """SQL_ENQUEUE's parameters plus the same requests as one array per field: what
+    SQL_SCHEDULER_FIRE reads until it takes the ``rows`` document too."""
+    return {
+        **_statement_params(batch, now),
         "ids": [r.id for r in batch],
         "run_ids": [r.run_id for r in batch],
         "names": [r.name for r in batch],
@@ -357,7 +357,4 @@ def _enqueue_params(batch: Sequence[EnqueueRequest], now: datetime) -> dict[str,
         "run_ats": [r.run_at for r in batch],
         "enqueued_bys": [r.enqueued_by for r in batch],
         "traceparents": [r.traceparent for r in batch],
-        "now": now,
-        "slot": int(now.timestamp() // WAKE_SLOT_S),
-        "due_by": now + timedelta(seconds=WAKE_DUE_WITHIN_S),
     }

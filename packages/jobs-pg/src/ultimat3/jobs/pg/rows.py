@@ -11,6 +11,7 @@ from ultimat3.jobs.core.model import (
     BackfillRow,
     ClaimedJob,
     ClaimRef,
+    EnqueueRequest,
     ExhaustedJob,
     JobRow,
     JobState,
@@ -23,6 +24,7 @@ __all__ = [
     "backfill_row",
     "claimed_job",
     "dump_json",
+    "enqueue_rows",
     "exhausted_job",
     "job_row",
     "progress_json",
@@ -43,6 +45,29 @@ def utc_or_none(value: datetime | None) -> datetime | None:
 def dump_json(value: JsonValue) -> str:
     """The JSON text a ``json`` column stores: read back, it is exactly ``value`` again."""
     return json.dumps(value, separators=(",", ":"))
+
+
+def enqueue_rows(requests: Sequence[EnqueueRequest]) -> str:
+    """The ``rows`` document SQL_ENQUEUE takes: one array per request, the input as its own JSON
+    text (so it is stored byte for byte)."""
+    return dump_json(
+        [
+            (
+                r.id,
+                r.run_id,
+                r.name,
+                r.queue,
+                dump_json(r.input),
+                r.idempotency_key,
+                r.tenant_id,
+                r.max_attempts,
+                r.run_at.isoformat(),
+                r.enqueued_by,
+                r.traceparent,
+            )
+            for r in requests
+        ]
+    )
 
 
 def progress_json(progress: Progress) -> str:

@@ -9,9 +9,13 @@ WAKE_CHANNEL = "x_jobs_wake"
 listening on the channel reads it."""
 
 SQL_ENQUEUE = """
--- Parameters: one array per EnqueueRequest field (element i of each array is request i), the
--- enqueuer's now, the wake slot of now (floor(now / WAKE_SLOT_S)) and
+-- Parameters: rows, a JSON array with one array per request:
+--   [id, run_id, name, queue, input (its JSON text, as a string), idempotency_key, tenant_id,
+--    max_attempts, run_at (ISO 8601), enqueued_by, traceparent];
+-- the enqueuer's now, the wake slot of now (floor(now / WAKE_SLOT_S)) and
 -- due_by = now + WAKE_DUE_WITHIN_S.
+-- (One JSON document rather than eleven arrays: encoding it costs the client a third as much.
+-- The input travels as text so it is stored byte for byte, NUL escapes included.)
 --
 -- Guarantees, per request, in this one statement:
 -- * nothing is inserted when the id already names a row (any state) or a LIVE row holds
@@ -24,15 +28,19 @@ SQL_ENQUEUE = """
 --   enqueuer never waits on another one's announcement. NOTIFY is delivered on commit.
 -- The requests of one call never share an id or a live key (the driver splits such a batch).
 with request as (
-    select *
-    from unnest(
-        %(ids)s::text[], %(run_ids)s::text[], %(names)s::text[], %(queues)s::text[],
-        %(inputs)s::text[], %(keys)s::text[], %(tenants)s::text[], %(max_attempts)s::int[],
-        %(run_ats)s::timestamptz[], %(enqueued_bys)s::text[], %(traceparents)s::text[]
-    ) with ordinality as r (
-        id, run_id, name, queue, input, idempotency_key, tenant_id, max_attempts,
-        run_at, enqueued_by, traceparent, ord
-    )
+    select r->>0 as id,
+           r->>1 as run_id,
+           r->>2 as name,
+           r->>3 as queue,
+           r->>4 as input,
+           r->>5 as idempotency_key,
+           r->>6 as tenant_id,
+           (r->>7)::int as max_attempts,
+           (r->>8)::timestamptz as run_at,
+           r->>9 as enqueued_by,
+           r->>10 as traceparent,
+           ord
+    from json_array_elements(%(rows)s::json) with ordinality as e (r, ord)
 ),
 inserted as (
     insert into x_jobs (

@@ -52,9 +52,11 @@ select exists (select 1 from taken)
 
 SQL_LEASE_RENEW = """
 -- Parameters: key, holder, now, expires_at. Extends a slot the holder still holds; a lapsed slot
--- is not revived (another holder may have it by now). Answers whether it landed.
+-- is not revived (another holder may have it by now). Answers whether it landed. Committed
+-- without waiting for the WAL flush: a renewal lost in a crash only shortens the slot.
 update x_job_leases
 set expires_at = %(expires_at)s
+from (select set_config('synchronous_commit', 'off', true)) as durability
 where key = %(key)s and holder = %(holder)s and expires_at > %(now)s
 returning 1
 """

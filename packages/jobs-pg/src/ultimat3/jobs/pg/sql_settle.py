@@ -4,7 +4,8 @@ Every one is fenced on the claim: it matches a row only while that row is ``runn
 the ``(worker_id, claim)`` the write carries, and answers which rows it matched. A body whose lease
 lapsed (and was claimed again, by another worker or by the same one) or whose row was cancelled
 changes nothing. Ack, nack and heartbeat take many rows per statement — one statement per batch
-of concurrent calls — each row still fenced on its own claim.
+of concurrent calls — each row still fenced on its own claim. The batch travels as ONE JSON
+document (an array of rows): encoding it costs the client a third of what a dozen arrays do.
 """
 
 from __future__ import annotations
@@ -18,15 +19,14 @@ __all__ = [
 ]
 
 SQL_ACK = """
--- Parameters: ids[], worker_ids[], claims[], durations[] (ms or NULL), element-wise; now; bucket
+-- Parameters: rows, a JSON array of [id, worker_id, claim, duration_ms or null]; now; bucket
 -- (the 1-minute counter bucket of now).
 -- Guarantees: each row moves running -> done only under its own claim; the 'done' counters and
 -- durations move in this same statement, so a count never disagrees with the rows. Answers the
 -- ids that landed.
 with settle as (
-    select *
-    from unnest(%(ids)s::text[], %(worker_ids)s::text[], %(claims)s::text[],
-                %(durations)s::bigint[]) as s (id, worker_id, claim, duration_ms)
+    select r->>0 as id, r->>1 as worker_id, r->>2 as claim, (r->>3)::bigint as duration_ms
+    from json_array_elements(%(rows)s::json) r
 ),
 acked as (
     update x_jobs j
@@ -57,18 +57,23 @@ select id from acked
 """
 
 SQL_NACK = """
--- Parameters, element-wise: ids[], worker_ids[], claims[], states[] (the target nack_state()
--- decided: ready, suspended, dead or failed), errors[] (NULL keeps last_error), run_ats[] (NULL:
--- now; read for ready and suspended only), count_attempts[] (false hands the attempt back),
--- counters[] (retried / failed / dead, or NULL for an uncounted attempt), durations[]; now; bucket.
+-- Parameters: rows, a JSON array of [id, worker_id, claim, state (the target nack_state()
+-- decided: ready, suspended, dead or failed), error (null keeps last_error), run_at (ISO 8601;
+-- null: now; read for ready and suspended only), count_attempt (false hands the attempt back),
+-- counter (retried / failed / dead, or null for an uncounted attempt), duration_ms]; now; bucket.
 -- Guarantees: each row moves only under its own claim; its counter moves in this statement.
 -- Answers the ids that landed.
 with settle as (
-    select *
-    from unnest(%(ids)s::text[], %(worker_ids)s::text[], %(claims)s::text[],
-                %(states)s::text[], %(errors)s::text[], %(run_ats)s::timestamptz[],
-                %(count_attempts)s::boolean[], %(counters)s::text[], %(durations)s::bigint[])
-         as s (id, worker_id, claim, state, error, run_at, count_attempt, counter, duration_ms)
+    select r->>0 as id,
+           r->>1 as worker_id,
+           r->>2 as claim,
+           r->>3 as state,
+           r->>4 as error,
+           (r->>5)::timestamptz as run_at,
+           (r->>6)::boolean as count_attempt,
+           r->>7 as counter,
+           (r->>8)::bigint as duration_ms
+    from json_array_elements(%(rows)s::json) r
 ),
 nacked as (
     update x_jobs j
@@ -112,14 +117,19 @@ select id from nacked
 """
 
 SQL_HEARTBEAT = """
--- Parameters, element-wise: ids[], worker_ids[], claims[], lease_untils[] (now + that run's
--- visibility timeout).
+-- Parameters: rows, a JSON array of [id, worker_id, claim, lease_until (ISO 8601: now + that
+-- run's visibility timeout)].
 -- Guarantees: a lease is extended only under its own claim; a cancelled row, or one whose lease
 -- lapsed and was claimed again, is not renewed — which is how the run learns it lost the row.
+-- Committed without waiting for the WAL flush: a renewal lost in a server crash only shortens
+-- a lease, which the next renewal (or a redelivery) covers.
 update x_jobs j
 set lease_until = s.lease_until
-from unnest(%(ids)s::text[], %(worker_ids)s::text[], %(claims)s::text[],
-            %(lease_untils)s::timestamptz[]) as s (id, worker_id, claim, lease_until)
+from (
+    select r->>0 as id, r->>1 as worker_id, r->>2 as claim, (r->>3)::timestamptz as lease_until
+    from json_array_elements(%(rows)s::json) r
+) s,
+(select set_config('synchronous_commit', 'off', true)) as durability
 where j.id = s.id
   and j.state = 'running'
   and j.worker_id = s.worker_id
@@ -155,9 +165,11 @@ returning 1
 
 SQL_RECORD_PROGRESS = """
 -- Parameters: id, worker_id, claim (the fence), progress (JSON text: {done, total, note}).
--- Guarantees: only the run holding the claim reports on the row.
+-- Guarantees: only the run holding the claim reports on the row. Committed without waiting for
+-- the WAL flush: a progress report is a hint, and the next one replaces it.
 update x_jobs
 set progress = %(progress)s::json
+from (select set_config('synchronous_commit', 'off', true)) as durability
 where id = %(id)s
   and state = 'running'
   and worker_id = %(worker_id)s

@@ -6,10 +6,15 @@ __all__ = ["SQL_RECORD_WORKER", "SQL_REMOVE_WORKER", "SQL_WORKERS"]
 
 SQL_RECORD_WORKER = """
 -- Parameters: the WorkerInfo fields, expires_at (now + ttl). One row per worker, replaced whole.
+-- Committed without waiting for the WAL flush: the row is a report, renewed every heartbeat.
+with durability as (
+    select set_config('synchronous_commit', 'off', true)
+)
 insert into x_workers as w (id, host, started_at, queues, slots, in_flight, last_heartbeat,
                             expires_at)
-values (%(id)s, %(host)s, %(started_at)s, %(queues)s::text[], %(slots)s::jsonb,
-        %(in_flight)s::text[], %(last_heartbeat)s, %(expires_at)s)
+select %(id)s, %(host)s, %(started_at)s, %(queues)s::text[], %(slots)s::jsonb,
+       %(in_flight)s::text[], %(last_heartbeat)s, %(expires_at)s
+from durability
 on conflict (id) do update
 set host = excluded.host, started_at = excluded.started_at, queues = excluded.queues,
     slots = excluded.slots, in_flight = excluded.in_flight,
