@@ -81,7 +81,7 @@ def main(argv: list[str]) -> int:
     task, rest = argv[0], argv[1:]
     if task == "demo":
         ensure("core")
-        return run(str(ROOT / "examples/onboarding.py"), *rest)
+        return run(str(ROOT / "examples/onboarding.py"), "--sleep", "2s", *rest)
     ensure("all")
     if task == "test":
         return run("-m", "pytest", *rest)

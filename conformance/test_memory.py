@@ -7,6 +7,7 @@ import pytest
 
 from ultimat3.jobs.core import (
     FrozenClock,
+    lease_store_leader,
     memory_event_bus,
     memory_job_driver,
     memory_outbox_store,
@@ -25,6 +26,8 @@ async def memory_target(
         outbox=memory_outbox_store(clock=clock),
         events=memory_event_bus(clock),
         scheduler_state=memory_scheduler_state(driver),
+        leader=lambda: lease_store_leader(driver.leases, ttl=30.0),
+        leader_ttl=30.0,
     )
 
 

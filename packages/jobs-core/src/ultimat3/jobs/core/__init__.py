@@ -24,6 +24,7 @@ from .execute import JobExecution, execute_job, failure_verdict
 from .facade import job_driver, jobs_facade, reset_job_driver, set_job_driver, set_jobs_facade
 from .ids import new_id
 from .job import AnyJobHandle, Concurrency, JobDescriptor, JobHandle, job, job_lease_key
+from .leader import LeaseStoreLeader, lease_store_leader
 from .lifecycle import configure_lifecycle, install_shutdown_signals, on_shutdown, shutdown
 from .limits import LimitConfig, ProcessLimits, RateLimit
 from .memory import memory_job_driver
@@ -131,6 +132,7 @@ __all__ = [
     "JobsFacade",
     "Leader",
     "LeaseStore",
+    "LeaseStoreLeader",
     "NackOptions",
     "OutboxStore",
     "Progress",
@@ -203,4 +205,5 @@ __all__ = [
     "JobWorker",
     "WorkerStats",
     "job_worker",
+    "lease_store_leader",
 ]

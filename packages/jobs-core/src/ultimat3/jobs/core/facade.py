@@ -10,10 +10,12 @@ from .clock import Clock
 from .errors import DriverUnavailableError
 from .model import Enqueued, EnqueueRequest
 from .protocol import JobDriver, JobsFacade
+from .wake import signal_enqueued
 
 __all__ = [
     "job_driver",
     "jobs_facade",
+    "publish",
     "reset_job_driver",
     "set_job_driver",
     "set_jobs_facade",
@@ -49,11 +51,20 @@ def set_jobs_facade(facade: JobsFacade | None) -> None:
     _facade = facade
 
 
+async def publish(driver: JobDriver, request: EnqueueRequest) -> Enqueued:
+    """Insert ``request`` on the queue and, when a row was inserted, wake this process's
+    workers for its queue."""
+    queued = await driver.enqueue(request)
+    if not queued.deduped:
+        signal_enqueued(request.queue)
+    return queued
+
+
 class _DirectFacade:
     """Publishes straight to the installed driver."""
 
     async def enqueue(self, request: EnqueueRequest) -> Enqueued:
-        return await job_driver().enqueue(request)
+        return await publish(job_driver(), request)
 
 
 _DIRECT = _DirectFacade()

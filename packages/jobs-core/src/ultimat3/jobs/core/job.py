@@ -36,7 +36,6 @@ from .ids import new_id
 from .model import Enqueued, EnqueueRequest
 from .retry import Retry
 from .tenancy import Actor
-from .wake import signal_enqueued
 
 if TYPE_CHECKING:
     from .steps import Step
@@ -310,8 +309,6 @@ class JobHandle(Generic[InputT, ResultT]):
                 f"{request.idempotency_key!r} (job {queued.id})",
                 meta={"job": self.name, "existing_id": queued.id},
             )
-        if not queued.deduped:
-            signal_enqueued(request.queue)
         return queued
 
     def describe(self) -> JobDescriptor:

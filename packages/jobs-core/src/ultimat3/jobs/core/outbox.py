@@ -31,6 +31,7 @@ from .clock import Clock
 from .constants import IDLE_POLL_CEILING_S
 from .durations import Duration
 from .errors import InvariantError, OutboxNoTxError
+from .facade import publish
 from .ids import new_id
 from .lifecycle import LateDeadline, Wakeup, lifecycle_deadline, on_shutdown, positive_seconds
 from .logs import log_event
@@ -78,7 +79,7 @@ class OutboxJobsFacade:
                 "enqueue inside the transaction that writes the rows the job reads",
                 meta={"job": request.name},
             )
-        return await self._driver.enqueue(request)
+        return await publish(self._driver, request)
 
 
 def outbox_jobs_facade(

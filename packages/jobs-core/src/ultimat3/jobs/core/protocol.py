@@ -91,10 +91,13 @@ class JobDriver(Protocol):
     - ``claim`` hands out, per queue in ``slots``, up to that many due rows (ready, delayed or
       suspended with ``run_at <= now``; running rows whose ``lease_until`` passed), oldest
       ``run_at`` first and ties in id order, skipping paused queues; each becomes ``running`` under
-      a fresh claim token with ``lease_until = now + visibility_timeout`` and its attempt number
-      raised by one. A lapsed running row already at ``attempt >= max_attempts`` is never handed
-      out: it is settled dead (failed when its name is in ``drop_exhausted``) with
-      ``last_error = LEASE_LAPSED_FINAL_ATTEMPT``, counted, and reported in ``exhausted``.
+      a claim token that row has never held (one token may serve a whole batch) with
+      ``lease_until = now + visibility_timeout`` and its attempt number raised by one. A lapsed
+      running row already at ``attempt >= max_attempts`` is never handed out: it is settled dead
+      (failed when its name is in ``drop_exhausted``) with ``last_error =
+      LEASE_LAPSED_FINAL_ATTEMPT``, counted, and reported in ``exhausted``. Every such row the
+      claim passes on its way to filling the slots is buried (all of them when the queue cannot
+      fill the slots); burying ones beyond that is allowed.
       A claimed job carries the run's stored steps.
     - ``ack`` moves a running row to ``done``; ``nack`` moves it to ``nack_state(options)``, at
       ``options.run_at``; when ``count_attempt`` is false the attempt number drops back by one.
@@ -302,7 +305,14 @@ class OutboxStore(Protocol):
 
 @runtime_checkable
 class SchedulerState(Protocol):
-    """Per-task watermarks: the last occurrence dispatched or passed over."""
+    """Per-task watermarks: the last occurrence dispatched or passed over.
+
+    ``records_fires``: True when ``fire`` also records the fire in the operator surface's task
+    fires (in the same statement), so the scheduler does not write it a second time.
+    """
+
+    @property
+    def records_fires(self) -> bool: ...
 
     async def watermarks(self, tasks: Sequence[str]) -> dict[str, int]: ...
 
@@ -317,9 +327,12 @@ class SchedulerState(Protocol):
         requests: Sequence[EnqueueRequest],
         *,
         previous: int | None,
+        fired_ms: int | None = None,
     ) -> builtins.list[Enqueued] | None:
         """Move the watermark from ``previous`` to ``occurrence_ms`` AND enqueue ``requests``,
-        together; None when the watermark was no longer ``previous`` (another node fired)."""
+        together; None when the watermark was no longer ``previous`` (another node fired).
+        ``fired_ms`` is the occurrence that dispatched when it differs from the new watermark
+        (a ``run-once`` catch-up fires the earliest missed one and moves past the rest)."""
         ...
 
 

@@ -88,7 +88,6 @@ class JobScheduler:
         self._clock = clock or driver.clock
         self._leader = leader if leader is not None else always_leader()
         self._state = state if state is not None else memory_scheduler_state(driver)
-        self._records_fires = bool(getattr(self._state, "records_fires", True))
         self._given_tasks = list(tasks) if tasks is not None else None
         self._tick = positive_seconds(tick_interval, "tick_interval")
         self._renew_every = timedelta(
@@ -336,7 +335,9 @@ class JobScheduler:
             self._marks[task.name] = mark_ms
             return None
         try:
-            enqueued = await self._state.fire(task.name, mark_ms, requests, previous=previous)
+            enqueued = await self._state.fire(
+                task.name, mark_ms, requests, previous=previous, fired_ms=fired_ms
+            )
         except Exception as exc:
             log_event(
                 logging.WARNING,
@@ -360,7 +361,7 @@ class JobScheduler:
 
     async def _record(self, task: str, fired_ms: int) -> None:
         introspect = self._driver.introspect
-        if self._records_fires or introspect is None:
+        if self._state.records_fires or introspect is None:
             return
         try:
             await introspect.record_task_fire(task, fired_ms)

@@ -266,6 +266,7 @@ class JobWorker:
         drain_deadline: Duration,
         events: EventBus | None,
         metrics: JobMetrics | None,
+        on_execution: Callable[[JobExecution], None] | None,
     ) -> None:
         self._driver = driver
         self._context = context
@@ -290,6 +291,7 @@ class JobWorker:
         self._wake = wake
         self._events = events
         self._metrics = metrics or job_metrics()
+        self._on_execution = on_execution
         self.id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{new_id()[-8:]}"
         self.stats = WorkerStats()
 
@@ -709,6 +711,8 @@ class JobWorker:
 
     def _record(self, queue: str, execution: JobExecution) -> None:
         self._count(queue, execution.outcome)
+        if self._on_execution is not None:
+            self._on_execution(execution)
         if execution.resume_at is not None and execution.outcome in ("retried", "suspended"):
             self._remind(execution.resume_at)
 
@@ -879,6 +883,7 @@ def job_worker(
     drain_deadline: Duration = DRAIN_DEADLINE_S,
     events: EventBus | None = None,
     metrics: JobMetrics | None = None,
+    on_execution: Callable[[JobExecution], None] | None = None,
 ) -> JobWorker:
     """A worker over ``driver``'s queues; ``await worker.run()`` in a worker process.
 
@@ -886,7 +891,8 @@ def job_worker(
     is the slots per queue: one number for every queue, or a table (a queue it does not name gets
     ``JOBS_CONCURRENCY_DEFAULT``). ``jobs`` routes rows by name ahead of the registry. ``limits``
     caps what this process runs (see ``LimitConfig``). ``wake`` is a driver's cross-process
-    ``QueueWake``; enqueues in this process wake the worker without one.
+    ``QueueWake``; enqueues in this process wake the worker without one. ``on_execution`` is
+    told every attempt this worker ran, as it ended (its outcome, step trace and timing).
     """
     return JobWorker(
         driver=driver,
@@ -905,4 +911,5 @@ def job_worker(
         drain_deadline=drain_deadline,
         events=events,
         metrics=metrics,
+        on_execution=on_execution,
     )

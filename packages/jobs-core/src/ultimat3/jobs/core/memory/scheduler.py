@@ -53,6 +53,7 @@ class MemorySchedulerState:
         requests: Sequence[EnqueueRequest],
         *,
         previous: int | None,
+        fired_ms: int | None = None,
     ) -> list[Enqueued] | None:
         if self._marks.get(task) != previous:
             return None
