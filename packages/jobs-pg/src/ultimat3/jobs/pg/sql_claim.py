@@ -26,7 +26,8 @@ SQL_CLAIM = """
 -- Why the CTEs: the candidates must be chosen and locked with a LIMIT before anything is
 -- updated, or the planner may update more rows than the limit. The window over the locked
 -- candidates decides which of them are taken; rows locked but not taken are released when the
--- statement commits.
+-- statement commits. The updates find the locked rows by their ctid (the row version the lock
+-- is on, which nothing can replace while it is held), not through the primary key again.
 --
 -- Why synchronous_commit is off for this statement alone: a claim lost in a server crash only
 -- leaves its rows as they were before it (claimable again), which is what a worker dying after
@@ -43,10 +44,10 @@ slot as (
       and not exists (select 1 from x_queue_pauses p where p.queue = q.queue)
 ),
 waiting as (
-    select s.queue, s.free, c.id, c.run_at, false as exhausted
+    select s.queue, s.free, c.tid, c.id, c.run_at, false as exhausted
     from slot s
     cross join lateral (
-        select j.id, j.run_at
+        select j.ctid as tid, j.id, j.run_at
         from x_jobs j
         where j.queue = s.queue
           and j.state in ('ready', 'delayed', 'suspended')
@@ -57,10 +58,10 @@ waiting as (
     ) c
 ),
 lapsed as (
-    select s.queue, s.free, c.id, c.run_at, c.exhausted
+    select s.queue, s.free, c.tid, c.id, c.run_at, c.exhausted
     from slot s
     cross join lateral (
-        select j.id, j.run_at, j.attempt >= j.max_attempts as exhausted
+        select j.ctid as tid, j.id, j.run_at, j.attempt >= j.max_attempts as exhausted
         from x_jobs j
         where j.queue = s.queue
           and j.state = 'running'
@@ -74,9 +75,9 @@ candidate as (
     select * from lapsed
 ),
 picked as (
-    select id, exhausted
+    select tid, exhausted
     from (
-        select id, exhausted, free,
+        select tid, exhausted, free,
                count(*) filter (where not exhausted) over (
                    partition by queue
                    order by run_at, id
@@ -95,7 +96,7 @@ taken as (
         lease_until = %(lease_until)s,
         updated_at = %(now)s
     from picked p
-    where j.id = p.id and not p.exhausted
+    where j.ctid = p.tid and not p.exhausted
     returning j.id, j.run_id, j.name, j.queue, j.input, j.idempotency_key, j.tenant_id,
               j.attempt, j.max_attempts, j.run_at, j.created_at, j.enqueued_by, j.traceparent,
               j.claim
@@ -110,7 +111,7 @@ buried as (
         claim = null,
         lease_until = null
     from picked p
-    where j.id = p.id and p.exhausted
+    where j.ctid = p.tid and p.exhausted
     returning j.id, j.run_id, j.name, j.queue, j.input, j.tenant_id, j.attempt, j.max_attempts,
               j.run_at, j.state
 ),
