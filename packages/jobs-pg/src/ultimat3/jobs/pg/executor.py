@@ -105,6 +105,7 @@ class PgExecutor:
                     min_size=self._pool_min,
                     max_size=self._pool_max,
                     kwargs={"autocommit": True, "prepare_threshold": 0},
+                    configure=_in_utc,
                     open=False,
                     name="ultimat3-jobs",
                 )
@@ -198,6 +199,12 @@ class PgExecutor:
         if self._url is not None and self._pool is not None:
             pool, self._pool = self._pool, None
             await pool.close()
+
+
+async def _in_utc(conn: AsyncConnection[Any]) -> None:
+    """Sessions of an owned pool speak UTC: timestamps then arrive as UTC datetimes, with no
+    conversion per value."""
+    await conn.execute("set timezone to 'UTC'")
 
 
 def pg_executor(target: PgTarget, **options: Any) -> PgExecutor:

@@ -84,8 +84,14 @@ def step_record(name: str, seq: int, output: JsonValue, completed: bool) -> Step
     return StepRecord(name=name, seq=seq, output=output, completed=completed)
 
 
+loads = json.loads
+"""The claim answers its JSON columns as text: decoding a ``str`` skips the byte-encoding
+detection ``json.loads`` runs on the raw bytes a ``json`` column would hand over."""
+
+
 def claimed_job(row: Sequence[Any], *, worker_id: str, lease_until: datetime) -> ClaimedJob:
-    """A taken row of SQL_CLAIM (columns in the statement's order)."""
+    """A taken row of SQL_CLAIM (columns in the statement's order; input and steps as JSON
+    text)."""
     (
         _state,
         job_id,
@@ -109,7 +115,7 @@ def claimed_job(row: Sequence[Any], *, worker_id: str, lease_until: datetime) ->
         run_id=run_id,
         name=name,
         queue=queue,
-        input=input,
+        input=loads(input),
         idempotency_key=idempotency_key,
         tenant_id=tenant_id,
         attempt=attempt,
@@ -118,7 +124,7 @@ def claimed_job(row: Sequence[Any], *, worker_id: str, lease_until: datetime) ->
         created_at=utc(created_at),
         lease_until=lease_until,
         claim=ClaimRef(worker_id, claim),
-        steps={} if steps is None else {step[0]: step_record(*step) for step in steps},
+        steps={} if steps is None else {step[0]: step_record(*step) for step in loads(steps)},
         enqueued_by=enqueued_by,
         traceparent=traceparent,
     )
@@ -132,7 +138,7 @@ def exhausted_job(row: Sequence[Any]) -> ExhaustedJob:
         run_id=run_id,
         name=name,
         queue=queue,
-        input=input,
+        input=loads(input),
         tenant_id=tenant_id,
         attempt=attempt,
         max_attempts=max_attempts,

@@ -127,15 +127,15 @@ counted as (
     set failed = c.failed + excluded.failed,
         dead = c.dead + excluded.dead
 )
-select 'running' as state, t.id, t.run_id, t.name, t.queue, t.input, t.idempotency_key,
+select 'running' as state, t.id, t.run_id, t.name, t.queue, t.input::text, t.idempotency_key,
        t.tenant_id, t.attempt, t.max_attempts, t.run_at, t.created_at, t.enqueued_by,
        t.traceparent, t.claim,
-       (select json_agg(json_build_array(s.name, s.seq, s.output, s.completed))
+       (select json_agg(json_build_array(s.name, s.seq, s.output, s.completed))::text
         from x_job_steps s
         where s.run_id = t.run_id) as steps
 from taken t
 union all
-select b.state, b.id, b.run_id, b.name, b.queue, b.input, null, b.tenant_id, b.attempt,
+select b.state, b.id, b.run_id, b.name, b.queue, b.input::text, null, b.tenant_id, b.attempt,
        b.max_attempts, b.run_at, null, null, null, null, null
 from buried b
 """
