@@ -9,9 +9,9 @@ timeout task. Measured here on loopback, Redis 7.0, a trivial script called one 
 and ~6x when a hundred tasks call at once.
 
 The connection is built from the client's own pool settings (host, port or socket path, TLS,
-credentials, database), through redis-py's connection class, without a socket timeout: the reader
-waits for replies as long as the server takes, and a dead peer is found by TCP keepalive or a
-closed socket. When the connection breaks, every call in flight fails with
+credentials, database), through redis-py's connection class, without a socket timeout: a reply is
+waited for as long as the server takes, and a dead peer is found by TCP keepalive or a closed
+socket. When the connection breaks, every call in flight fails with
 ``redis.exceptions.ConnectionError`` (whether the server ran it is unknown, as for any client)
 and the next call dials again.
 """
@@ -49,15 +49,20 @@ class Wire:
         options = {**pool.connection_kwargs, "socket_timeout": None}
         self._connection: AbstractConnection = pool.connection_class(**options)
         self._waiting: collections.deque[asyncio.Future[Any]] = collections.deque()
+        """Calls owed a reply by the reader task, in the order their commands were written."""
         self._reader: asyncio.Task[None] | None = None
+        self._alone = False
+        """A lone call is reading its own reply: the next replies are the reader's to take."""
         self._dialing: asyncio.Lock | None = None
         self._stale = False
         """The reply stream lost its place (a failed read or write): drop the socket first."""
 
     async def call(self, args: Sequence[str]) -> Any:
         command = pack(args)
-        if self._reader is None:
+        if self._stale or not self._connection.is_connected:
             await self._dial()
+        if self._reader is None and not self._alone and not self._waiting:
+            return await self._call_alone(command)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._waiting.append(future)
         try:
@@ -67,25 +72,51 @@ class Wire:
             # has closed the connection; every reply still owed is lost with it.
             self._broken(exc)
             raise
+        self._read_on()
         return await future
+
+    async def _call_alone(self, command: bytes) -> Any:
+        """Nothing else in flight: write and read in the caller's own task, which saves the
+        hand-over to a reader (a loop turn, ~15% of a lone call). Calls arriving meanwhile queue
+        behind it, and the reader takes over their replies once this one has its own."""
+        self._alone = True
+        try:
+            await self._connection.send_packed_command(command, check_health=False)
+            try:
+                reply: Any = await self._connection.read_response(timeout=math.inf)
+            except ResponseError as error:
+                reply = error
+        except BaseException as exc:
+            self._broken(exc)
+            raise
+        finally:
+            self._alone = False
+            self._read_on()
+        if isinstance(reply, ResponseError):
+            raise reply
+        return reply
+
+    def _read_on(self) -> None:
+        """Start the reader when replies are owed and nobody is reading."""
+        if self._waiting and self._reader is None and not self._alone:
+            self._reader = asyncio.get_running_loop().create_task(self._read())
 
     async def _dial(self) -> None:
         if self._dialing is None:
             self._dialing = asyncio.Lock()
         async with self._dialing:
-            if self._reader is not None:
-                return
             if self._stale:
                 await self._connection.disconnect(nowait=True)
                 self._stale = False
-            await self._connection.connect()  # type: ignore[no-untyped-call]
-            self._reader = asyncio.get_running_loop().create_task(self._read())
+            if not self._connection.is_connected:
+                await self._connection.connect()  # type: ignore[no-untyped-call]
 
     async def _read(self) -> None:
+        """Hand each reply to the oldest waiting call, until none is waiting."""
         connection = self._connection
         me = asyncio.current_task()
         try:
-            while True:
+            while self._waiting:
                 try:
                     reply: Any = await connection.read_response(timeout=math.inf)
                 except ResponseError as error:
@@ -104,6 +135,9 @@ class Wire:
                 self._broken(exc)
             if isinstance(exc, asyncio.CancelledError):
                 raise
+        finally:
+            if self._reader is me:
+                self._reader = None
 
     def _broken(self, cause: BaseException) -> None:
         """Fail every call still owed a reply, and make the next call dial afresh."""
