@@ -104,6 +104,18 @@ class JobExecution:
     trace: list[tuple[str, str]] = field(default_factory=list)
     duration_ms: int = 0
 
+    @classmethod
+    def begun(cls, claimed: ClaimedJob, outcome: JobOutcome = "lease-lost") -> JobExecution:
+        """An attempt of ``claimed`` before it settled: nothing has landed yet."""
+        return cls(
+            job_id=claimed.id,
+            run_id=claimed.run_id,
+            name=claimed.name,
+            attempt=claimed.attempt,
+            outcome=outcome,
+            settled=False,
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class FailureVerdict:
@@ -165,14 +177,7 @@ async def execute_job(
     clock = clock or driver.clock
     handle = handle or job_named(claimed.name)
     started = time.monotonic()
-    execution = JobExecution(
-        job_id=claimed.id,
-        run_id=claimed.run_id,
-        name=claimed.name,
-        attempt=claimed.attempt,
-        outcome="lease-lost",
-        settled=False,
-    )
+    execution = JobExecution.begun(claimed)
     if handle is None:
         error = JobsError(
             f"no job named {claimed.name!r} is registered in this worker; deploy the code that "
@@ -268,14 +273,7 @@ async def fail_job(
     factory raised, no job of its name is registered — on the job's ordinary retry path, with the
     body never called. ``on_settled`` is told when the failure is final."""
     clock = clock or driver.clock
-    execution = JobExecution(
-        job_id=claimed.id,
-        run_id=claimed.run_id,
-        name=claimed.name,
-        attempt=claimed.attempt,
-        outcome="lease-lost",
-        settled=False,
-    )
+    execution = JobExecution.begun(claimed)
     retry = handle.retry if handle is not None else Retry(attempts=max(1, claimed.max_attempts))
     parsed: Any = None
     if handle is not None:
@@ -633,15 +631,8 @@ async def refuse_job(
 ) -> JobExecution:
     """Settle a run its busy key refused (``when_busy='fail'``): failed, attempt uncounted, the
     body never started, ``on_settled`` told ``refused``."""
-    execution = JobExecution(
-        job_id=claimed.id,
-        run_id=claimed.run_id,
-        name=claimed.name,
-        attempt=claimed.attempt,
-        outcome="refused",
-        settled=False,
-        error=error,
-    )
+    execution = JobExecution.begun(claimed, outcome="refused")
+    execution.error = error
     landed = await driver.nack(
         claimed.id,
         NackOptions(

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, Literal, TypeAlias
+from typing import Any, Literal, Self, TypeAlias
 
 __all__ = [
     "COUNTER_KINDS",
@@ -27,6 +27,7 @@ __all__ = [
     "CounterBucket",
     "CounterKind",
     "CounterTotals",
+    "Counts",
     "EnqueueRequest",
     "Enqueued",
     "EventRecord",
@@ -333,21 +334,18 @@ class WorkerInfo:
     last_heartbeat: datetime
 
 
-@dataclass(frozen=True, slots=True)
-class CounterBucket:
-    """One bucket of per-job history; ``width_s`` is 60, 300 or 3600 (the tier)."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Counts:
+    """Settles counted for one job name: what every counter row carries."""
 
-    name: str
-    start: datetime
-    width_s: int
     done: int = 0
     retried: int = 0
     failed: int = 0
     dead: int = 0
     duration_ms: int = 0
 
-    def added(self, kind: CounterKind, duration_ms: int | None = None) -> CounterBucket:
-        """This bucket with one more ``kind`` settle (and its duration) counted."""
+    def added(self, kind: CounterKind, duration_ms: int | None = None) -> Self:
+        """These counts with one more ``kind`` settle (and its duration)."""
         return replace(
             self,
             done=self.done + (kind == "done"),
@@ -357,7 +355,8 @@ class CounterBucket:
             duration_ms=self.duration_ms + (duration_ms or 0),
         )
 
-    def merged(self, other: CounterBucket | CounterTotals) -> CounterBucket:
+    def merged(self, other: Counts) -> Self:
+        """These counts plus ``other``'s."""
         return replace(
             self,
             done=self.done + other.done,
@@ -369,23 +368,17 @@ class CounterBucket:
 
 
 @dataclass(frozen=True, slots=True)
-class CounterTotals:
-    name: str
-    done: int = 0
-    retried: int = 0
-    failed: int = 0
-    dead: int = 0
-    duration_ms: int = 0
+class CounterBucket(Counts):
+    """One bucket of per-job history; ``width_s`` is 60, 300 or 3600 (the tier)."""
 
-    def merged(self, other: CounterBucket | CounterTotals) -> CounterTotals:
-        return replace(
-            self,
-            done=self.done + other.done,
-            retried=self.retried + other.retried,
-            failed=self.failed + other.failed,
-            dead=self.dead + other.dead,
-            duration_ms=self.duration_ms + other.duration_ms,
-        )
+    name: str
+    start: datetime
+    width_s: int
+
+
+@dataclass(frozen=True, slots=True)
+class CounterTotals(Counts):
+    name: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -107,7 +107,11 @@ class CounterRules:
         await jobs.introspect.rollup_counters()
         assert await _buckets(jobs, "counted") == [
             CounterBucket(
-                "counted", bucket_start(settled_at, _FIVE_MINUTES), _FIVE_MINUTES, 2, 0, 0, 0, 3
+                "counted",
+                bucket_start(settled_at, _FIVE_MINUTES),
+                _FIVE_MINUTES,
+                done=2,
+                duration_ms=3,
             )
         ]
 
