@@ -248,13 +248,17 @@ local function insert_row(a)
   local run_at = ARGV[a + 8]
   local state = 'ready'
   if tonumber(run_at) > NOW_N then state = 'delayed' end
-  redis.call('HSET', jk, 'id', id, 'run_id', run, 'name', name, 'queue', q, 'state', state,
+  local row = {'id', id, 'run_id', run, 'name', name, 'queue', q, 'state', state,
     'input', ARGV[a + 4], 'key', ARGV[a + 5], 'attempt', 0, 'max', ARGV[a + 7],
-    'run_at', run_at, 'created', NOW, 'updated', NOW, 'lk', lk)
-  local tenant, by, trace = optional(ARGV[a + 6]), optional(ARGV[a + 9]), optional(ARGV[a + 10])
-  if tenant then redis.call('HSET', jk, 'tenant', tenant) end
-  if by then redis.call('HSET', jk, 'by', by) end
-  if trace then redis.call('HSET', jk, 'trace', trace) end
+    'run_at', run_at, 'created', NOW, 'updated', NOW, 'lk', lk}
+  for field, at in pairs({tenant = a + 6, by = a + 9, trace = a + 10}) do
+    local value = optional(ARGV[at])
+    if value then
+      row[#row + 1] = field
+      row[#row + 1] = value
+    end
+  end
+  redis.call('HSET', jk, unpack(row))
   redis.call('HSET', K_LIVE, lk, id)
   redis.call('ZADD', k_due(q), run_at, id)
   redis.call('ZADD', k_state(q, state), NOW, id)
