@@ -143,13 +143,21 @@ class PostgresJobDriver:
             batch = [requests[i] for i in todo]
             now = self._clock.now()
             rows = await self._executor.fetch(SQL_ENQUEUE, _statement_params(batch, now))
+            refused: set[int] = set()
             unanswered = []
-            for ord_, job_id, run_id, deduped, _announced in rows:
+            for _announced, ord_, job_id, run_id in rows:
+                if ord_ is None:
+                    continue
                 position = todo[ord_ - 1]
+                refused.add(position)
                 if job_id is None:
                     unanswered.append(position)
                 else:
-                    answers[position] = Enqueued(job_id, run_id, deduped=deduped)
+                    answers[position] = Enqueued(job_id, run_id, deduped=True)
+            for position in todo:
+                if position not in refused:
+                    request = requests[position]
+                    answers[position] = Enqueued(request.id, request.run_id)
             if not unanswered:
                 return
             todo = unanswered

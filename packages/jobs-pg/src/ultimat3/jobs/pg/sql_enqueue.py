@@ -21,8 +21,10 @@ SQL_ENQUEUE = """
 -- * nothing is inserted when the id already names a row (any state) or a LIVE row holds
 --   (name, tenant, idempotency key) — ON CONFLICT DO NOTHING arbitrates the primary key and the
 --   partial unique index together, so two racing enqueues cannot both insert;
--- * the answer names the row that was there: the row under this id first, else the live holder
---   (a NULL answer means that row committed after this statement's snapshot: ask again);
+-- * the answer lists only the requests that inserted nothing (every other one inserted its own
+--   row), each with the row that was there: the row under this id first, else the live holder
+--   (NULL ids mean that row committed after this statement's snapshot: ask again). It is never
+--   empty — its first column counts the queues announced — so the NOTIFYs always run;
 -- * a queue is announced on x_jobs_wake at most once per wake slot, only for rows due within
 --   WAKE_DUE_WITHIN_S, and never for a dedupe. The slot row is taken with SKIP LOCKED: an
 --   enqueuer never waits on another one's announcement. NOTIFY is delivered on commit.
@@ -79,29 +81,31 @@ born as (
     order by a.queue
     on conflict do nothing
     returning queue
+),
+announced as (
+    select count(pg_notify('x_jobs_wake', q.queue)) as queues
+    from (select queue from woken union all select queue from born) q
+),
+refused as (
+    select r.ord, e.id, e.run_id
+    from request r
+    left join lateral (
+        (select j.id, j.run_id, 1 as rank
+         from x_jobs j
+         where j.id = r.id)
+        union all
+        (select j.id, j.run_id, 2 as rank
+         from x_jobs j
+         where j.name = r.name
+           and coalesce(j.tenant_id, '') = coalesce(r.tenant_id, '')
+           and j.idempotency_key = r.idempotency_key
+           and j.state in ('ready', 'delayed', 'running', 'suspended'))
+        order by rank
+        limit 1
+    ) e on true
+    where not exists (select 1 from inserted i where i.id = r.id)
 )
-select r.ord,
-       coalesce(i.id, e.id) as id,
-       coalesce(i.run_id, e.run_id) as run_id,
-       i.id is null as deduped,
-       (select count(pg_notify('x_jobs_wake', q.queue))
-        from (select queue from woken union all select queue from born) q) as announced
-from request r
-left join inserted i on i.id = r.id
-left join lateral (
-    (select j.id, j.run_id, 1 as rank
-     from x_jobs j
-     where i.id is null and j.id = r.id)
-    union all
-    (select j.id, j.run_id, 2 as rank
-     from x_jobs j
-     where i.id is null
-       and j.name = r.name
-       and coalesce(j.tenant_id, '') = coalesce(r.tenant_id, '')
-       and j.idempotency_key = r.idempotency_key
-       and j.state in ('ready', 'delayed', 'running', 'suspended'))
-    order by rank
-    limit 1
-) e on true
-order by r.ord
+select a.queues, f.ord, f.id, f.run_id
+from announced a
+left join refused f on true
 """
