@@ -16,9 +16,10 @@ Prints one table:
 When a peer result is found (``BENCH_PEER_RESULTS``, default ``/tmp/peer-results-redis``, the
 ``results`` folder of the peer harness), the table adds its figures and the ratios: how many
 times better ours is (a rate divided by theirs; a time or a command count, theirs divided by
-ours). Every figure is a median over ``BENCH_REPS`` runs (default 3) unless it says otherwise. The server is shared
-with whatever else runs on it, and the client, the worker and the server share this machine's
-cores: compare ratios, not absolutes. The namespace ``ujobs-bench`` is emptied before each phase.
+ours). Every figure is a median over ``BENCH_REPS`` runs (default 3) unless it says otherwise.
+The server is shared with whatever else runs on it, and the client, the worker and the server
+share this machine's cores: compare ratios, not absolutes. The namespace ``ujobs-bench`` is
+emptied before each phase.
 
 Knobs: ``BENCH_N`` (20000), ``BENCH_N_SINGLE`` (2000), ``BENCH_REPS`` (3), ``BENCH_LAT_TRIALS``
 (50), ``BENCH_CONCURRENCY`` ("10,100"), ``BENCH_LIMIT_SECONDS`` (2).
