@@ -9,8 +9,8 @@ timeout task. Measured here on loopback, Redis 7.0, a trivial script called one 
 and ~6x when a hundred tasks call at once.
 
 The connection is built from the client's own pool settings (host, port or socket path, TLS,
-credentials, database), through redis-py's connection class, without a socket timeout: a reply is
-waited for as long as the server takes, and a dead peer is found by TCP keepalive or a closed
+credentials, database), through redis-py's connection class, without a socket timeout (so
+``read_response()`` waits for a reply as long as the server takes), and a dead peer is found by TCP keepalive or a closed
 socket. When the connection breaks, every call in flight fails with
 ``redis.exceptions.ConnectionError`` (whether the server ran it is unknown, as for any client)
 and the next call dials again.
@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -83,7 +82,7 @@ class Wire:
         try:
             await self._connection.send_packed_command(command, check_health=False)
             try:
-                reply: Any = await self._connection.read_response(timeout=math.inf)
+                reply: Any = await self._connection.read_response()
             except ResponseError as error:
                 reply = error
         except BaseException as exc:
@@ -118,7 +117,7 @@ class Wire:
         try:
             while self._waiting:
                 try:
-                    reply: Any = await connection.read_response(timeout=math.inf)
+                    reply: Any = await connection.read_response()
                 except ResponseError as error:
                     reply = error
                 future = self._waiting.popleft()
