@@ -10,8 +10,8 @@ and ~6x when a hundred tasks call at once.
 
 The connection is built from the client's own pool settings (host, port or socket path, TLS,
 credentials, database), through redis-py's connection class, without a socket timeout (so
-``read_response()`` waits for a reply as long as the server takes), and a dead peer is found by TCP keepalive or a closed
-socket. When the connection breaks, every call in flight fails with
+``read_response()`` waits for a reply as long as the server takes), and a dead peer is found by
+TCP keepalive or a closed socket. When the connection breaks, every call in flight fails with
 ``redis.exceptions.ConnectionError`` (whether the server ran it is unknown, as for any client)
 and the next call dials again.
 """
