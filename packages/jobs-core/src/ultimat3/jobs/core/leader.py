@@ -8,6 +8,7 @@ server's it elects across the fleet.
 
 from __future__ import annotations
 
+from .errors import InvariantError
 from .ids import new_id
 from .protocol import LeaseStore
 
@@ -16,6 +17,8 @@ __all__ = ["LeaseStoreLeader", "lease_store_leader"]
 
 class LeaseStoreLeader:
     def __init__(self, leases: LeaseStore, *, name: str, ttl: float, holder: str) -> None:
+        if not ttl > 0:
+            raise InvariantError(f"ttl={ttl!r} must be positive seconds", meta={"ttl": ttl})
         self._leases = leases
         self._key = f"leader:{name}"
         self._ttl = ttl

@@ -16,7 +16,6 @@ from .introspect import RedisIntrospection
 from .keys import DEFAULT_PREFIX, hash_slot
 from .leases import RedisLeaseStore
 from .scheduler import (
-    RedisLeaseLeader,
     RedisSchedulerState,
     redis_lease_leader,
     redis_scheduler_state,
@@ -31,7 +30,6 @@ __all__ = [
     "RedisEventBus",
     "RedisIntrospection",
     "RedisJobDriver",
-    "RedisLeaseLeader",
     "RedisLeaseStore",
     "RedisQueueWake",
     "RedisSchedulerState",

@@ -4,9 +4,9 @@
 its rows in one script (``lua/scheduler.lua``), so a crash between the two cannot fire an
 occurrence twice, and two nodes racing for one occurrence fire it once.
 
-``RedisLeaseLeader``: leadership is a one-slot lease in the driver's lease store, renewed by every
-``acquire()`` and lapsing ``ttl`` after the last one on the driver's clock — no connection
-affinity, so a pooled client cannot make every node a leader.
+``redis_lease_leader``: leadership is a one-slot lease in the driver's lease store (core's
+``lease_store_leader``), renewed by every ``acquire()`` and lapsing ``ttl`` after the last one on
+the driver's clock — no connection affinity, so a pooled client cannot make every node a leader.
 """
 
 from __future__ import annotations
@@ -14,8 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import cast
 
-from ultimat3.jobs.core.errors import InvariantError
-from ultimat3.jobs.core.ids import new_id
+from ultimat3.jobs.core.leader import LeaseStoreLeader, lease_store_leader
 from ultimat3.jobs.core.model import Enqueued, EnqueueRequest
 
 from .codec import read_enqueued, request_args
@@ -24,7 +23,6 @@ from .namespace import Namespace
 
 __all__ = [
     "DEFAULT_LEADER_TTL_S",
-    "RedisLeaseLeader",
     "RedisSchedulerState",
     "redis_lease_leader",
     "redis_scheduler_state",
@@ -60,6 +58,7 @@ class RedisSchedulerState:
         requests: Sequence[EnqueueRequest],
         *,
         previous: int | None,
+        fired_ms: int | None = None,
     ) -> list[Enqueued] | None:
         answers = await self._ns.call(
             "scheduler",
@@ -73,22 +72,6 @@ class RedisSchedulerState:
         return None if answers is None else read_enqueued(answers)
 
 
-class RedisLeaseLeader:
-    def __init__(self, driver: RedisJobDriver, *, name: str, ttl: float, holder: str) -> None:
-        if not ttl > 0:
-            raise InvariantError(f"ttl={ttl!r} must be positive seconds", meta={"ttl": ttl})
-        self._leases = driver.leases
-        self._key = f"leader:{name}"
-        self._ttl = ttl
-        self.holder = holder
-
-    async def acquire(self) -> bool:
-        return await self._leases.acquire(self._key, self.holder, limit=1, ttl=self._ttl)
-
-    async def release(self) -> None:
-        await self._leases.release(self._key, self.holder)
-
-
 def redis_scheduler_state(driver: RedisJobDriver) -> RedisSchedulerState:
     """Watermarks in ``driver``'s namespace; fires enqueue onto ``driver``."""
     return RedisSchedulerState(driver.namespace)
@@ -100,6 +83,6 @@ def redis_lease_leader(
     name: str = "scheduler",
     ttl: float = DEFAULT_LEADER_TTL_S,
     holder: str | None = None,
-) -> RedisLeaseLeader:
+) -> LeaseStoreLeader:
     """One leader among every node naming the same ``name`` in ``driver``'s namespace."""
-    return RedisLeaseLeader(driver, name=name, ttl=ttl, holder=holder or new_id())
+    return lease_store_leader(driver.leases, name=name, ttl=ttl, holder=holder)
