@@ -65,7 +65,7 @@ class InputCodec(Generic[InputT]):
             return dict(raw)
         assert self.declared is not None
         if isinstance(raw, self.declared):
-            raw = to_json(raw)
+            return raw
         if self.kind == "pydantic":
             return cast(Any, self.declared).model_validate(raw)
         if not isinstance(raw, Mapping):
@@ -77,9 +77,14 @@ class InputCodec(Generic[InputT]):
         return self.declared(**raw)
 
     def dump(self, value: InputT) -> JsonValue:
-        """The JSON form stored on the row; the value is parsed first, so what is stored is
-        what a claim will parse."""
-        return to_json(self.parse(value))
+        """The JSON form of a value ``parse`` answered: what the row stores and a claim parses."""
+        try:
+            return to_json(value)
+        except (TypeError, ValueError) as exc:
+            raise JobInputInvalidError(
+                f"input of type {self.type_name} cannot be stored as JSON: {exc}",
+                meta={"input_type": self.type_name},
+            ) from exc
 
 
 def input_codec(declared: type[InputT] | None) -> InputCodec[InputT]:

@@ -7,7 +7,7 @@ give. Within one process, ids minted in the same millisecond still sort in minti
 
 from __future__ import annotations
 
-import os
+import random
 import threading
 import time
 
@@ -32,7 +32,7 @@ def new_id() -> str:
             _last_ms = ms
             _counter = 0
         counter = _counter
-    rand = int.from_bytes(os.urandom(8), "big") & ((1 << 62) - 1)
+    rand = random.getrandbits(62)  # the module reseeds itself in a forked child
     value = (ms & ((1 << 48) - 1)) << 80 | 0x7 << 76 | counter << 64 | 0b10 << 62 | rand
     h = f"{value:032x}"
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
