@@ -189,7 +189,6 @@ async def execute_job(
     run_signal = any_signal(signal, controller.signal) if signal else controller.signal
     value: Any = None
     actor = Actor(id=f"job:{handle.name}", org_id=None)
-    ctx: JobContext[Any] | None = None
     try:
         value = handle.codec.parse(claimed.input)
         declared = handle.tenant_of(value)
@@ -216,7 +215,6 @@ async def execute_job(
 
     attempt = _Attempt(claimed, driver, handle, value, actor, services, run_signal, events, clock)
     ending = await _run_body(attempt, controller, run_signal)
-    ctx = attempt.context_if_built
     if attempt.step_if_built is not None:
         execution.trace = attempt.step_if_built.trace
     reporter = attempt.reporter_if_built
@@ -235,7 +233,7 @@ async def execute_job(
             return _unowned(execution, "ack")
         execution.outcome, execution.settled = "completed", True
         execution.on_settled_error = await _tell(
-            handle, "completed", claimed, value, attempt.context, result=ending.result
+            handle, "completed", claimed, value, attempt.hook_context, result=ending.result
         )
     elif ending.kind == "suspended":
         assert ending.resume_at is not None
@@ -253,7 +251,7 @@ async def execute_job(
             claimed,
             handle.retry,
             ending.error,
-            attempt.context if handle.on_settled is not None else ctx,
+            attempt.hook_context,
             execution,
             clock,
             parsed=value,
@@ -325,6 +323,11 @@ class _Attempt:
                 log=logging.LoggerAdapter(LOGGER, {"job": self.handle.name, "job_id": claimed.id}),
             )
         return self.context_if_built
+
+    @property
+    def hook_context(self) -> JobContext[Any] | None:
+        """The context ``on_settled`` is handed (``settled.ctx``), built only for a hook."""
+        return self.context if self.handle.on_settled is not None else None
 
     @property
     def step(self) -> Step:
