@@ -57,6 +57,35 @@ async def test_calls_arriving_during_a_flush_join_the_next_one() -> None:
     assert flushes == [[0], [1, 2, 3, 4, 5]]
 
 
+async def test_at_most_in_flight_flushes_run_at_once() -> None:
+    gate = asyncio.Event()
+    running, most = 0, 0
+
+    async def blocked(items: Sequence[int]) -> list[int]:
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        await gate.wait()
+        running -= 1
+        return list(items)
+
+    coalescer: Coalescer[int, int] = Coalescer(blocked, in_flight=2)
+    calls = []
+    for n in range(4):
+        calls.append(asyncio.create_task(coalescer.submit(n)))
+        await asyncio.sleep(0.01)
+    gate.set()
+    assert await asyncio.gather(*calls) == [0, 1, 2, 3]
+    assert most == 2
+
+
+async def test_a_call_arriving_as_the_last_flush_ends_is_still_carried() -> None:
+    recorder = Recorder()
+    coalescer: Coalescer[str, str] = Coalescer(recorder.flush, in_flight=1)
+    assert await coalescer.submit("first") == "FIRST"
+    assert await coalescer.submit("second") == "SECOND"
+
+
 async def test_a_flush_carries_at_most_max_batch_items() -> None:
     recorder = Recorder()
     coalescer: Coalescer[str, str] = Coalescer(recorder.flush, max_batch=4)
@@ -86,3 +115,8 @@ async def test_a_failed_flush_fails_its_own_batch_only() -> None:
 def test_a_batch_bound_below_one_is_refused() -> None:
     with pytest.raises(ValueError, match="max_batch"):
         Coalescer(Recorder().flush, max_batch=0)
+
+
+def test_no_flush_in_flight_is_refused() -> None:
+    with pytest.raises(ValueError, match="in_flight"):
+        Coalescer(Recorder().flush, in_flight=0)

