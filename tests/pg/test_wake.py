@@ -87,6 +87,17 @@ async def test_a_second_row_in_the_same_slot_is_silent(
     assert [await heard.next(), await heard.next()] == ["q", "marker"]
 
 
+async def test_a_row_finding_nothing_waiting_is_announced_even_inside_a_slot(
+    wake: PgQueueWake, driver: PostgresJobDriver, clock: FrozenClock
+) -> None:
+    heard = Heard(wake)
+    await driver.enqueue(job(clock, "q"))
+    assert await heard.next() == "q"
+    assert (await driver.claim(worker_id="w", slots={"q": 1}, visibility_timeout=30)).jobs
+    await driver.enqueue(job(clock, "q"))
+    assert await heard.next() == "q"
+
+
 async def test_the_next_slot_announces_again(
     wake: PgQueueWake, driver: PostgresJobDriver, clock: FrozenClock
 ) -> None:

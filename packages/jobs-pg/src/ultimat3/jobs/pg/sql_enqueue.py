@@ -25,9 +25,13 @@ SQL_ENQUEUE = """
 --   row), each with the row that was there: the row under this id first, else the live holder
 --   (NULL ids mean that row committed after this statement's snapshot: ask again). It is never
 --   empty — its first column counts the queues announced — so the NOTIFYs always run;
--- * a queue is announced on x_jobs_wake at most once per wake slot, only for rows due within
---   WAKE_DUE_WITHIN_S, and never for a dedupe. The slot row is taken with SKIP LOCKED: an
---   enqueuer never waits on another one's announcement. NOTIFY is delivered on commit.
+-- * a queue is announced on x_jobs_wake only for rows due within WAKE_DUE_WITHIN_S, never for a
+--   dedupe, and at most once per wake slot while rows wait in it: a burst announces once, and
+--   its later rows stay silent because the woken worker is coming for the queue anyway. A row
+--   that finds nothing else waiting in its queue (the worker took everything and may be back
+--   asleep) is announced even inside an announced slot, so a lone job never waits for a poll.
+--   The slot row is taken with SKIP LOCKED: an enqueuer never waits on another one's
+--   announcement. NOTIFY is delivered on commit.
 -- The requests of one call never share an id or a live key (the driver splits such a batch).
 with request as (
     select r->>0 as id,
@@ -61,6 +65,17 @@ inserted as (
 announce as (
     select distinct queue from inserted where run_at <= %(due_by)s
 ),
+idle as (
+    -- queues in which no earlier row waits (this statement's snapshot does not see its own rows)
+    select a.queue
+    from announce a
+    where not exists (
+        select 1 from x_jobs j
+        where j.queue = a.queue
+          and j.state in ('ready', 'delayed', 'suspended')
+          and j.run_at <= %(now)s
+    )
+),
 woken as (
     update x_job_wake w
     set slot = %(slot)s
@@ -84,7 +99,7 @@ born as (
 ),
 announced as (
     select count(pg_notify('x_jobs_wake', q.queue)) as queues
-    from (select queue from woken union all select queue from born) q
+    from (select queue from woken union select queue from born union select queue from idle) q
 ),
 refused as (
     select r.ord, e.id, e.run_id
