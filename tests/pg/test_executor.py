@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
@@ -60,3 +61,22 @@ async def test_an_executor_handed_in_stays_open_after_close(pg_url: str) -> None
     await driver.close()
     assert await executor.fetch("select 1") == [(1,)]
     await executor.close()
+
+
+async def test_a_pool_not_in_autocommit_still_commits_what_the_driver_writes(pg_url: str) -> None:
+    async with AsyncConnectionPool(pg_url, open=False) as pool:
+        driver = postgres_job_driver(pool)
+        await driver.introspect.pause_queue("q")
+        await driver.close()
+    other = postgres_job_driver(pg_url)
+    assert await other.introspect.paused_queues() == ["q"]
+    await other.close()
+
+
+async def test_a_connection_handed_in_joins_the_callers_transaction(pg_url: str) -> None:
+    async with await psycopg.AsyncConnection.connect(pg_url) as conn:
+        driver = postgres_job_driver(conn)
+        async with conn.transaction(force_rollback=True):
+            await driver.introspect.pause_queue("q")
+            assert await driver.introspect.paused_queues() == ["q"]
+        assert await driver.introspect.paused_queues() == []

@@ -122,13 +122,22 @@ class PgExecutor:
 
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[AsyncConnection[Any]]:
-        """A connection for one or more statements (the caller's own, or one from the pool)."""
+        """A connection for one or more statements (the caller's own, or one from the pool).
+
+        A connection not in autocommit mode gets a transaction around the block (a savepoint
+        inside the caller's open one), so what the statements write is committed rather than
+        left for the pool to roll back."""
         if self._connection is not None:
-            yield self._connection
+            async with _committing(self._connection):
+                yield self._connection
             return
         pool = self._pool if self._pool is not None else await self._owned_pool()
         async with pool.connection() as conn:
-            yield conn
+            if conn.autocommit:  # the usual case, kept free of a second context manager
+                yield conn
+            else:
+                async with conn.transaction():
+                    yield conn
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[AsyncConnection[Any]]:
@@ -199,6 +208,15 @@ class PgExecutor:
         if self._url is not None and self._pool is not None:
             pool, self._pool = self._pool, None
             await pool.close()
+
+
+@asynccontextmanager
+async def _committing(conn: AsyncConnection[Any]) -> AsyncIterator[None]:
+    if conn.autocommit:
+        yield
+    else:
+        async with conn.transaction():
+            yield
 
 
 async def _in_utc(conn: AsyncConnection[Any]) -> None:
