@@ -88,5 +88,27 @@ async def test_a_batch_of_mixed_due_times_lands_ready_and_delayed(
     assert (stats.ready, stats.delayed) == (1, 1)
 
 
+@pytest.mark.parametrize(
+    "value",
+    [
+        pytest.param({"float": 1.0, "huge": 1e308, "tiny": 2.5e-7}, id="floats keep their form"),
+        pytest.param("x\u0000y", id="a NUL escape"),
+        pytest.param("\ud800", id="a lone surrogate"),
+        pytest.param({"é": "ü\u2028😀"}, id="non-ASCII keys and values"),
+        pytest.param(12345678901234567890, id="an integer past 64 bits"),
+        pytest.param(-0.0, id="negative zero"),
+        pytest.param(None, id="null"),
+    ],
+)
+async def test_an_input_reads_back_exactly_as_it_was_enqueued(
+    driver: PostgresJobDriver, clock: FrozenClock, value: Any
+) -> None:
+    queued = replace(request(clock, "exact", "k"), input=value)
+    await driver.enqueue(queued)
+    [claimed] = (await driver.claim(worker_id="w", slots={"q": 1}, visibility_timeout=30)).jobs
+    assert claimed.input == value
+    assert json.dumps(claimed.input) == json.dumps(value)
+
+
 async def test_an_empty_batch_answers_nothing(driver: PostgresJobDriver) -> None:
     assert await driver.enqueue_many([]) == []

@@ -14,8 +14,10 @@ SQL_ENQUEUE = """
 --    max_attempts, run_at (ISO 8601), enqueued_by, traceparent];
 -- the enqueuer's now, the wake slot of now (floor(now / WAKE_SLOT_S)) and
 -- due_by = now + WAKE_DUE_WITHIN_S.
--- (One JSON document rather than eleven arrays: encoding it costs the client a third as much.
--- The input travels as text so it is stored byte for byte, NUL escapes included.)
+-- (One document rather than eleven arrays: encoding it costs the client a third as much. It is
+-- read as jsonb, parsed once — a json document would be parsed again for every field read, ten
+-- times the cost. The input travels as a string holding its own JSON text, so it is stored byte
+-- for byte, NUL escapes included.)
 --
 -- Guarantees, per request, in this one statement:
 -- * nothing is inserted when the id already names a row (any state) or a LIVE row holds
@@ -46,7 +48,7 @@ with request as (
            r->>9 as enqueued_by,
            r->>10 as traceparent,
            ord
-    from json_array_elements(%(rows)s::json) with ordinality as e (r, ord)
+    from jsonb_array_elements(%(rows)s::jsonb) with ordinality as e (r, ord)
 ),
 inserted as (
     insert into x_jobs (

@@ -5,7 +5,8 @@ the ``(worker_id, claim)`` the write carries, and answers which rows it matched.
 lapsed (and was claimed again, by another worker or by the same one) or whose row was cancelled
 changes nothing. Ack, nack and heartbeat take many rows per statement — one statement per batch
 of concurrent calls — each row still fenced on its own claim. The batch travels as ONE JSON
-document (an array of rows): encoding it costs the client a third of what a dozen arrays do.
+document (an array of rows, read as jsonb so it is parsed once): encoding it costs the client a
+third of what a dozen arrays do.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ SQL_ACK = """
 -- ids that landed.
 with settle as (
     select r->>0 as id, r->>1 as worker_id, r->>2 as claim, (r->>3)::bigint as duration_ms
-    from json_array_elements(%(rows)s::json) r
+    from jsonb_array_elements(%(rows)s::jsonb) r
 ),
 acked as (
     update x_jobs j
@@ -73,7 +74,7 @@ with settle as (
            (r->>6)::boolean as count_attempt,
            r->>7 as counter,
            (r->>8)::bigint as duration_ms
-    from json_array_elements(%(rows)s::json) r
+    from jsonb_array_elements(%(rows)s::jsonb) r
 ),
 nacked as (
     update x_jobs j
@@ -127,7 +128,7 @@ update x_jobs j
 set lease_until = s.lease_until
 from (
     select r->>0 as id, r->>1 as worker_id, r->>2 as claim, (r->>3)::timestamptz as lease_until
-    from json_array_elements(%(rows)s::json) r
+    from jsonb_array_elements(%(rows)s::jsonb) r
 ) s,
 (select set_config('synchronous_commit', 'off', true)) as durability
 where j.id = s.id
