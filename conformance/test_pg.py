@@ -9,7 +9,15 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from ultimat3.jobs.core import FrozenClock
-from ultimat3.jobs.pg import SQL_JOBS_TABLE, postgres_job_driver, truncate_tables
+from ultimat3.jobs.pg import (
+    SQL_JOBS_TABLE,
+    postgres_event_bus,
+    postgres_job_driver,
+    postgres_lease_leader,
+    postgres_outbox_store,
+    postgres_scheduler_state,
+    truncate_tables,
+)
 from ultimat3.jobs.testing import ConformanceTarget, job_driver_conformance
 
 
@@ -35,9 +43,18 @@ async def postgres_target(
     clock: FrozenClock, request: pytest.FixtureRequest
 ) -> AsyncIterator[ConformanceTarget]:
     driver = postgres_job_driver(request.getfixturevalue("pg_conformance_url"), clock=clock)
-    await truncate_tables(driver.executor)
+    executor = driver.executor
+    await truncate_tables(executor)
     try:
-        yield ConformanceTarget(driver=driver, reset=lambda: truncate_tables(driver.executor))
+        yield ConformanceTarget(
+            driver=driver,
+            outbox=postgres_outbox_store(executor=executor, clock=clock),
+            events=postgres_event_bus(executor=executor),
+            scheduler_state=postgres_scheduler_state(executor, clock=clock),
+            leader=lambda: postgres_lease_leader(executor=executor, ttl=30.0, clock=clock),
+            leader_ttl=30.0,
+            reset=lambda: truncate_tables(executor),
+        )
     finally:
         await driver.close()
 
