@@ -61,6 +61,7 @@ class FireStarted:
     def __init__(self, state: PostgresSchedulerState) -> None:
         self.state = state
         self.started = asyncio.Event()
+        self.records_fires = state.records_fires
 
     async def watermarks(self, tasks: Sequence[str]) -> dict[str, int]:
         return await self.state.watermarks(tasks)
@@ -75,9 +76,12 @@ class FireStarted:
         requests: Sequence[EnqueueRequest],
         *,
         previous: int | None,
+        fired_ms: int | None = None,
     ) -> list[Enqueued] | None:
         self.started.set()
-        return await self.state.fire(task, occurrence_ms, requests, previous=previous)
+        return await self.state.fire(
+            task, occurrence_ms, requests, previous=previous, fired_ms=fired_ms
+        )
 
 
 @dataclass
