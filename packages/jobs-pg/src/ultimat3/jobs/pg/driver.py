@@ -33,10 +33,11 @@ from ultimat3.jobs.core.model import (
     StepRecord,
 )
 from ultimat3.jobs.core.nack import nack_counter, nack_state
-from ultimat3.jobs.core.protocol import ClaimBatch, EventBus
+from ultimat3.jobs.core.protocol import ClaimBatch
 
 from .backfills import PostgresBackfillLedger
 from .batching import Coalescer
+from .events import PostgresEventBus
 from .executor import PgExecutor, PgTarget, pg_executor
 from .introspect import PostgresIntrospection
 from .leases import PostgresLeaseStore
@@ -77,6 +78,7 @@ class PostgresJobDriver:
         self._introspect = PostgresIntrospection(self._executor, clock)
         self._leases = PostgresLeaseStore(self._executor, clock)
         self._backfills = PostgresBackfillLedger(self._executor, clock)
+        self._events = PostgresEventBus(self._executor)
         self._acks: Coalescer[_Ack, bool] = Coalescer(
             self._flush_acks, key=lambda item: item[0], max_batch=settle_batch
         )
@@ -111,8 +113,10 @@ class PostgresJobDriver:
         return self._backfills
 
     @property
-    def events(self) -> EventBus | None:
-        return None
+    def events(self) -> PostgresEventBus:
+        """The event bus in this database (on the database's clock, as every bus here is), so
+        ``publish_event`` and ``step.wait_for_event`` find it with the driver installed."""
+        return self._events
 
     def __repr__(self) -> str:
         return f"PostgresJobDriver({self._executor!r})"
