@@ -25,6 +25,7 @@ import inspect
 import logging
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal
@@ -167,12 +168,15 @@ async def execute_job(
     signal: AbortSignal | None = None,
     events: EventBus | None = None,
     clock: Clock | None = None,
+    on_body_done: Callable[[], None] | None = None,
 ) -> JobExecution:
     """Run one claimed attempt to its settle.
 
     ``signal`` is the worker's: it fires ``X_DRAINING`` on a drain and ``X_JOB_LEASE_LOST`` when
     renewals stop landing or the row was cancelled. Cancelling this coroutine from outside
-    settles nothing — exactly as if the worker had died.
+    settles nothing — exactly as if the worker had died. ``on_body_done`` is called once the body
+    has ended and before the settle is sent: a worker frees the run's slot there, so the next
+    claim overlaps the settles still on their way.
     """
     clock = clock or driver.clock
     handle = handle or job_named(claimed.name)
@@ -185,8 +189,11 @@ async def execute_job(
         )
         return await fail_job(claimed, driver=driver, handle=None, error=error, clock=clock)
 
-    controller = AbortController()
-    run_signal = any_signal(signal, controller.signal) if signal else controller.signal
+    deadline = AbortController() if handle.timeout_s is not None else None
+    if deadline is None:
+        run_signal = signal or AbortSignal()
+    else:
+        run_signal = deadline.signal if signal is None else any_signal(signal, deadline.signal)
     value: Any = None
     actor = Actor(id=f"job:{handle.name}", org_id=None)
     try:
@@ -214,7 +221,7 @@ async def execute_job(
         return execution
 
     attempt = _Attempt(claimed, driver, handle, value, actor, services, run_signal, events, clock)
-    ending = await _run_body(attempt, controller, run_signal)
+    ending = await _run_body(attempt, deadline, run_signal)
     if attempt.step_if_built is not None:
         execution.trace = attempt.step_if_built.trace
     reporter = attempt.reporter_if_built
@@ -222,6 +229,8 @@ async def execute_job(
         await reporter.flush()
         execution.progress = reporter.latest
     execution.duration_ms = int((time.monotonic() - started) * 1000)
+    if on_body_done is not None:
+        on_body_done()
 
     if ending.kind == "completed":
         execution.result = ending.result
@@ -375,7 +384,7 @@ class _Attempt:
 
 
 async def _run_body(
-    attempt: _Attempt, controller: AbortController, run_signal: AbortSignal
+    attempt: _Attempt, deadline: AbortController | None, run_signal: AbortSignal
 ) -> _Ending:
     """Run the body in this task; an abort cancels this task and is read back off the signal.
 
@@ -396,9 +405,9 @@ async def _run_body(
     if early is not None:  # aborted before the body could start: it never does
         return _aborted_ending(run_signal)
     stop_listening = run_signal.add_listener(cancel_body)
-    deadline: asyncio.Task[None] | None = None
-    if handle.timeout_s is not None:
-        timeout, clock = handle.timeout_s, attempt.clock
+    expiry: asyncio.Task[None] | None = None
+    if deadline is not None and handle.timeout_s is not None:
+        timeout, clock, controller = handle.timeout_s, attempt.clock, deadline
         deadline_at = clock.now() + timedelta(seconds=timeout)
 
         async def expire() -> None:
@@ -411,7 +420,7 @@ async def _run_body(
                 )
             )
 
-        deadline = asyncio.create_task(expire())
+        expiry = asyncio.create_task(expire())
     try:
         with use_actor(attempt.actor):
             result = await handle.call_body(available)
@@ -428,8 +437,8 @@ async def _run_body(
         return _Ending("failed", error=exc)
     finally:
         stop_listening()
-        if deadline is not None:
-            deadline.cancel()
+        if expiry is not None:
+            expiry.cancel()
     if run_signal.aborted:
         _swallow_our_cancel(current)
         if isinstance(run_signal.reason, JobTimeoutError):

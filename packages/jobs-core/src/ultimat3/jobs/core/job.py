@@ -131,6 +131,7 @@ class JobHandle(Generic[InputT, ResultT]):
         on_settled: Callable[[Settled[Any]], Awaitable[None] | None] | None = None,
     ) -> None:
         self.body = _check_body(body)
+        self._body_is_async = inspect.iscoroutinefunction(body)
         self.codec: InputCodec[InputT] = InputCodec(input)
         self.idempotency_key = _check_idempotency_key(idempotency_key)
         self.tenant = _check_tenant(tenant)
@@ -366,7 +367,7 @@ class JobHandle(Generic[InputT, ResultT]):
             if self._parameters is None
             else {name: available[name] for name in self._parameters}
         )
-        if inspect.iscoroutinefunction(self.body):
+        if self._body_is_async:
             return cast(ResultT, await self.body(**kwargs))
         result = await asyncio.to_thread(self.body, **kwargs)
         if inspect.isawaitable(result):

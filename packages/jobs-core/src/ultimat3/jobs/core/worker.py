@@ -129,6 +129,7 @@ class _Run:
         "cancelled",
         "claimed",
         "controller",
+        "freed",
         "handle",
         "held",
         "key_refused",
@@ -149,6 +150,8 @@ class _Run:
         self.task: asyncio.Task[None] | None = None
         self.held: SlotDecision | None = None
         """The fleet slot this run holds."""
+        self.freed = False
+        """Whether its worker slot was given back (at the body's end, ahead of the settle)."""
         self.placed = False
         """Whether it holds a place under the process limits."""
         self.key_refused = False
@@ -502,8 +505,11 @@ class JobWorker:
         return IDLE_POLL_CEILING_S
 
     def _free(self) -> dict[str, int]:
+        """What one pass asks for: each queue's free slots, at most half its slots. Claiming half
+        at a time keeps a claim on the wire while the other half runs, instead of the whole pool
+        finishing, then waiting for one claim, in lockstep."""
         free = {
-            queue: slots - self._busy[queue]
+            queue: min(slots - self._busy[queue], (slots + 1) // 2)
             for queue, slots in self._slots.items()
             if slots > self._busy[queue]
         }
@@ -635,9 +641,17 @@ class JobWorker:
             if run.placed and self._limits is not None:
                 self._limits.release(claimed.queue, claimed.tenant_id)
             del self._runs[claimed.claim.claim]
-            self._busy[claimed.queue] -= 1
-            if ran:
-                self._wakeup.ring()
+            self._free_slot(run, ring=ran)
+
+    def _free_slot(self, run: _Run, *, ring: bool = True) -> None:
+        """Give the run's worker slot back, once. A handed-back run rings nothing: a pass now
+        would only claim it again."""
+        if run.freed:
+            return
+        run.freed = True
+        self._busy[run.claimed.queue] -= 1
+        if ring:
+            self._wakeup.ring()
 
     async def _admit(self, run: _Run) -> tuple[bool, BaseException | None]:
         """Take the run's place under the process limits and its fleet slot. Answers whether
@@ -701,6 +715,7 @@ class JobWorker:
                 signal=run.controller.signal,
                 events=self._events,
                 clock=self._clock,
+                on_body_done=lambda: self._free_slot(run),
             )
         self._record(run.claimed.queue, execution)
 
