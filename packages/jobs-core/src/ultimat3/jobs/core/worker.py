@@ -505,11 +505,8 @@ class JobWorker:
         return IDLE_POLL_CEILING_S
 
     def _free(self) -> dict[str, int]:
-        """What one pass asks for: each queue's free slots, at most half its slots. Claiming half
-        at a time keeps a claim on the wire while the other half runs, instead of the whole pool
-        finishing, then waiting for one claim, in lockstep."""
         free = {
-            queue: min(slots - self._busy[queue], (slots + 1) // 2)
+            queue: slots - self._busy[queue]
             for queue, slots in self._slots.items()
             if slots > self._busy[queue]
         }
