@@ -8,8 +8,7 @@ carries no org: code that genuinely spans tenants says so with ``cross_tenant(re
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
@@ -45,13 +44,19 @@ def current_actor() -> Actor | None:
     return _ACTOR.get()
 
 
-@contextmanager
-def use_actor(actor: Actor | None) -> Iterator[None]:
-    token = _ACTOR.set(actor)
-    try:
-        yield
-    finally:
-        _ACTOR.reset(token)
+class use_actor:  # noqa: N801 - used as a function: `with use_actor(actor):`
+    """Install ``actor`` for the block. A plain class, not a generator: every run enters one."""
+
+    __slots__ = ("_actor", "_token")
+
+    def __init__(self, actor: Actor | None) -> None:
+        self._actor = actor
+
+    def __enter__(self) -> None:
+        self._token = _ACTOR.set(self._actor)
+
+    def __exit__(self, *exc: object) -> None:
+        _ACTOR.reset(self._token)
 
 
 def require_org() -> str:

@@ -28,7 +28,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from ultimat3.jobs.core.errors import DriverUnavailableError
 
-__all__ = ["Params", "PgExecutor", "PgTarget", "pg_executor"]
+__all__ = ["Params", "PgExecutor", "PgTarget", "on_the_wire", "pg_executor"]
 
 PgTarget: TypeAlias = "AsyncConnectionPool[Any] | AsyncConnection[Any] | str | PgExecutor"
 """What the Postgres parts of this package accept: a pool, a connection, a URL, or an executor."""
@@ -150,8 +150,10 @@ class PgExecutor:
     ) -> list[tuple[Any, ...]]:
         """Every row of ``query``, as tuples."""
 
+        wire = on_the_wire(query)
+
         async def go(conn: AsyncConnection[Any]) -> list[tuple[Any, ...]]:
-            cursor = await conn.execute(query, params, prepare=prepare)
+            cursor = await conn.execute(wire, params, prepare=prepare)
             return await cursor.fetchall() if cursor.description else []
 
         return await self._retrying(go)
@@ -159,9 +161,11 @@ class PgExecutor:
     async def fetch_dicts(self, query: str, params: Params | None = None) -> list[DictRow]:
         """Every row of ``query`` as a dict by column name (the operator surface's reads)."""
 
+        wire = on_the_wire(query)
+
         async def go(conn: AsyncConnection[Any]) -> list[DictRow]:
             async with conn.cursor(row_factory=dict_row) as cursor:
-                await cursor.execute(query, params, prepare=True)
+                await cursor.execute(wire, params, prepare=True)
                 return await cursor.fetchall() if cursor.description else []
 
         return await self._retrying(go)
@@ -174,7 +178,7 @@ class PgExecutor:
             rows: list[tuple[Any, ...]] = []
             async with conn.transaction():
                 for query, params in statements:
-                    cursor = await conn.execute(query, params, prepare=True)
+                    cursor = await conn.execute(on_the_wire(query), params, prepare=True)
                     rows = await cursor.fetchall() if cursor.description else []
             return rows
 
@@ -208,6 +212,21 @@ class PgExecutor:
         if self._url is not None and self._pool is not None:
             pool, self._pool = self._pool, None
             await pool.close()
+
+
+_WIRE: dict[str, str] = {}
+
+
+def on_the_wire(query: str) -> str:
+    """``query`` as it is sent: the statement of its ``sql_*`` constant without the lines that
+    are only comments. The comments are for the operator reading the module; sent, they would
+    push the longest statements past what psycopg caches the conversion of (4,096 characters),
+    and every call would parse the whole text again. Computed once per statement."""
+    wire = _WIRE.get(query)
+    if wire is None:
+        wire = "\n".join(line for line in query.splitlines() if not line.lstrip().startswith("--"))
+        _WIRE[query] = wire
+    return wire
 
 
 @asynccontextmanager
