@@ -13,7 +13,6 @@ Every statement is a named constant in a ``sql_*`` module, readable and runnable
 """
 
 from .backfills import PostgresBackfillLedger
-from .batching import Coalescer
 from .driver import PostgresJobDriver, postgres_job_driver
 from .events import PostgresEventBus, postgres_event_bus
 from .executor import PgExecutor, PgTarget, pg_executor
@@ -35,7 +34,6 @@ from .wake import PgQueueWake, start_queue_wake
 __all__ = [
     "SQL_JOBS_TABLE",
     "WAKE_CHANNEL",
-    "Coalescer",
     "PgExecutor",
     "PgQueueWake",
     "PgTarget",

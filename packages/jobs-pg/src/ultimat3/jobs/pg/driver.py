@@ -18,6 +18,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from ultimat3.jobs.core.clock import SYSTEM_CLOCK, Clock
+from ultimat3.jobs.core.coalesce import Coalescer
 from ultimat3.jobs.core.constants import COUNTER_TIERS, WAKE_DUE_WITHIN_S, WAKE_SLOT_S
 from ultimat3.jobs.core.counters import bucket_start
 from ultimat3.jobs.core.errors import InvariantError
@@ -36,7 +37,6 @@ from ultimat3.jobs.core.nack import nack_counter, nack_state
 from ultimat3.jobs.core.protocol import ClaimBatch
 
 from .backfills import PostgresBackfillLedger
-from .batching import Coalescer
 from .events import PostgresEventBus
 from .executor import PgExecutor, PgTarget, pg_executor
 from .introspect import PostgresIntrospection

@@ -9,7 +9,6 @@ wake = start_queue_wake(driver)          # in the worker process
 """
 
 from .backfills import RedisBackfillLedger
-from .coalesce import Coalescer
 from .driver import DEFAULT_DONE_TTL, RedisJobDriver, redis_job_driver
 from .events import RedisEventBus
 from .introspect import RedisIntrospection
@@ -25,7 +24,6 @@ from .wake import RedisQueueWake, start_queue_wake
 __all__ = [
     "DEFAULT_DONE_TTL",
     "DEFAULT_PREFIX",
-    "Coalescer",
     "RedisBackfillLedger",
     "RedisEventBus",
     "RedisIntrospection",

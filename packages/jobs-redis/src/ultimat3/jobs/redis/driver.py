@@ -3,7 +3,7 @@
 Behaves exactly as the memory driver (the conformance suite holds both to one model); what is
 Redis-specific is how: each operation is one atomic script (``lua/*.lua``), due rows are found in
 per-queue sorted sets (never a scan), and settles and heartbeats that many tasks issue at once
-travel as one script call (``coalesce.py``), each row still fenced on its own claim.
+travel as one script call (core's ``Coalescer``), each row still fenced on its own claim.
 
 Time: every decision reads ``clock`` (sent to the scripts as "now"), so a frozen clock drives
 the driver in tests exactly as it drives the memory driver. Done rows and their steps expire
@@ -19,6 +19,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 from ultimat3.jobs.core.clock import SYSTEM_CLOCK, Clock
+from ultimat3.jobs.core.coalesce import Coalescer
 from ultimat3.jobs.core.durations import Duration, parse_duration
 from ultimat3.jobs.core.errors import DriverUnavailableError, InvariantError
 from ultimat3.jobs.core.ids import new_id
@@ -37,7 +38,6 @@ from ultimat3.jobs.core.nack import nack_counter, nack_state
 from ultimat3.jobs.core.protocol import ClaimBatch
 
 from .backfills import RedisBackfillLedger
-from .coalesce import Coalescer
 from .codec import (
     encode_step,
     from_us,
@@ -98,8 +98,12 @@ class RedisJobDriver:
         self._ns = Namespace(client, base=namespace_base(prefix), clock=clock, done_ttl_s=ttl)
         self._owns_client = owns_client
         self.prefix = prefix
-        self._settles: Coalescer[_Settle, bool] = Coalescer(self._settle_batch)
-        self._renewals: Coalescer[_Renewal, bool] = Coalescer(self._renew_batch)
+        self._settles: Coalescer[_Settle, bool] = Coalescer(
+            self._settle_batch, max_batch=500, in_flight=1
+        )
+        self._renewals: Coalescer[_Renewal, bool] = Coalescer(
+            self._renew_batch, max_batch=500, in_flight=1
+        )
         self._introspect = RedisIntrospection(self._ns)
         self._leases = RedisLeaseStore(self._ns)
         self._backfills = RedisBackfillLedger(self._ns)

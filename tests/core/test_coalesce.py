@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from ultimat3.jobs.pg import Coalescer
+from ultimat3.jobs.core.coalesce import Coalescer
 
 
 class Recorder:
@@ -120,3 +120,30 @@ def test_a_batch_bound_below_one_is_refused() -> None:
 def test_no_flush_in_flight_is_refused() -> None:
     with pytest.raises(ValueError, match="in_flight"):
         Coalescer(Recorder().flush, in_flight=0)
+
+
+async def test_a_cancelled_caller_does_not_disturb_the_others() -> None:
+    async def flush(items: Sequence[int]) -> list[int]:
+        await asyncio.sleep(0)
+        return [item * 10 for item in items]
+
+    coalescer: Coalescer[int, int] = Coalescer(flush)
+    calls = [asyncio.ensure_future(coalescer.submit(i)) for i in range(3)]
+    await asyncio.sleep(0)
+    calls[1].cancel()
+    assert await calls[0] == 0
+    assert await calls[2] == 20
+    with pytest.raises(asyncio.CancelledError):
+        await calls[1]
+
+
+async def test_drain_waits_for_everything_handed_over() -> None:
+    async def flush(items: Sequence[int]) -> list[int]:
+        await asyncio.sleep(0)
+        return list(items)
+
+    coalescer: Coalescer[int, int] = Coalescer(flush)
+    calls = [asyncio.ensure_future(coalescer.submit(i)) for i in range(3)]
+    await asyncio.sleep(0)
+    await coalescer.drain()
+    assert all(call.done() for call in calls)

@@ -1,13 +1,13 @@
 """Concurrent calls folded into one round trip, each caller still getting its own answer.
 
-A worker running a hundred jobs settles a hundred rows at nearly the same moment. One statement
-per settle pays a hundred commits (each a WAL flush, ~0.3 ms on a fast disk); one statement for
-the hundred pays one. ``Coalescer`` does that without a timer: the first call starts a flush at
+A worker running a hundred jobs settles a hundred rows at nearly the same moment. One round trip
+per settle pays a hundred (on Postgres a hundred commits, each a WAL flush); one for the hundred
+pays one. ``Coalescer`` does that without a timer: the first call starts a flush at
 once, and every call arriving while a flush is in flight joins the next one. So a lone call costs
 what it always did, and a burst costs one round trip per in-flight flush.
 
-Nothing here knows about Postgres: ``flush`` is any coroutine that takes the items and answers one
-result per item, in order (a fenced UPDATE answering which rows landed, a pipelined Redis script).
+Drivers share it: ``flush`` is any coroutine that takes the items and answers one result per item,
+in order (a fenced UPDATE answering which rows landed, one Redis script call).
 """
 
 from __future__ import annotations
