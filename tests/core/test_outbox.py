@@ -13,6 +13,7 @@ import pytest
 from support.eventually import run_clock, settle, until
 
 from ultimat3.jobs.core import (
+    OUTBOX_WAKE,
     AckOptions,
     Enqueued,
     EnqueueRequest,
@@ -349,6 +350,62 @@ async def test_idle_the_relay_backs_off_from_its_interval_to_the_ceiling(
     await relay.stop()
     offsets = [round((at - start).total_seconds(), 3) for at in claims]
     assert offsets == [0, 0.2, 0.6, 1.4, 3.0, 5.0, 7.0]
+
+
+class StubWake:
+    """A cross-process wake a test rings by hand."""
+
+    def __init__(self, live: bool = True) -> None:
+        self.live = live
+        self.listeners: list[Any] = []
+
+    def subscribe(self, listener: Any) -> Any:
+        self.listeners.append(listener)
+        return lambda: self.listeners.remove(listener)
+
+    def ring(self, name: str) -> None:
+        for listener in list(self.listeners):
+            listener(name)
+
+    async def close(self) -> None:
+        return None
+
+
+async def test_an_outbox_wake_brings_a_pass_at_once_and_a_queue_name_does_not(
+    driver: MemoryJobDriver, clock: FrozenClock, store: MemoryOutboxStore
+) -> None:
+    wake = StubWake()
+    relay = relay_of(store, driver, clock, wake=wake)
+    relay.start()
+    await run_clock(clock, 30)  # idle at its ceiling now: 5 s apart, the wake being live
+    await store.stage(request(1))
+    wake.ring("billing")
+    await settle()
+    assert store.retained() != []
+    wake.ring(OUTBOX_WAKE)
+    await until(lambda: store.retained() == [])
+    await relay.stop()
+    assert wake.listeners == []
+
+
+async def test_a_live_wake_raises_the_relays_idle_ceiling_to_five_seconds(
+    driver: MemoryJobDriver, clock: FrozenClock, store: MemoryOutboxStore
+) -> None:
+    claims: list[datetime] = []
+    original = store.claim
+
+    async def spy(**kwargs: Any) -> Any:
+        claims.append(clock.now())
+        return await original(**kwargs)
+
+    store.claim = spy  # type: ignore[method-assign]
+    start = clock.now()
+    relay = relay_of(store, driver, clock, wake=StubWake(live=True))
+    relay.start()
+    await run_clock(clock, 16)
+    await relay.stop()
+    offsets = [round((at - start).total_seconds(), 3) for at in claims]
+    assert offsets == [0, 0.2, 0.6, 1.4, 3.0, 6.2, 11.2]
 
 
 async def test_a_full_batch_is_followed_by_another_pass_at_once(

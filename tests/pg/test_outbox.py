@@ -28,7 +28,7 @@ from ultimat3.jobs.core import (
 )
 from ultimat3.jobs.core.model import OutboxRecord
 from ultimat3.jobs.core.outbox import OutboxRelay
-from ultimat3.jobs.pg import PostgresJobDriver, postgres_job_driver
+from ultimat3.jobs.pg import PostgresJobDriver, postgres_job_driver, start_queue_wake
 from ultimat3.jobs.pg.outbox import PostgresOutboxStore, postgres_outbox_store
 from ultimat3.jobs.pg.transaction import current_tx, jobs_transaction
 
@@ -348,3 +348,35 @@ def stall_publishing(
 
     monkeypatch.setattr(driver, "enqueue_many", stalled)
     return stall
+
+
+async def test_a_commit_that_staged_a_row_wakes_the_relay_of_another_process(
+    app: AsyncConnection[Any], other_process: PostgresJobDriver, pg_url: str
+) -> None:
+    """Polling every 30 s at best, the relay publishes within seconds only if the commit's
+    NOTIFY reaches it."""
+    wake = start_queue_wake(listener=pg_url, executor=other_process.executor)
+    relay = outbox_relay(
+        store=postgres_outbox_store(executor=other_process.executor),
+        driver=other_process,
+        interval=30,
+        idle_poll_max=60,
+        drain_on_shutdown=False,
+        wake=wake,
+    )
+    try:
+        await asyncio.wait_for(until_live(wake), timeout=10)
+        relay.start()
+        await asyncio.sleep(0.5)  # the relay found nothing and is idle until woken
+        queued = await invoice(app, "INV-WAKE")
+        async with asyncio.timeout(15):
+            while await other_process.introspect.get(queued.id) is None:
+                await asyncio.sleep(0.02)
+    finally:
+        await relay.stop()
+        await wake.close()
+
+
+async def until_live(wake: Any) -> None:
+    while not wake.live:
+        await asyncio.sleep(0.01)

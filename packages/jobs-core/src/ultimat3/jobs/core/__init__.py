@@ -13,6 +13,7 @@ from .constants import (
     MAX_CONCURRENCY_KEY_LENGTH,
     MAX_JOB_PAGE,
     ON_SETTLED_ATTEMPTS,
+    OUTBOX_WAKE,
 )
 from .context import JobContext, JobOutcome, Settled
 from .cron import latest_occurrence, next_occurrence
@@ -96,6 +97,7 @@ __all__ = [
     "MAX_CONCURRENCY_KEY_LENGTH",
     "MAX_JOB_PAGE",
     "ON_SETTLED_ATTEMPTS",
+    "OUTBOX_WAKE",
     "PROMOTABLE_STATES",
     "REQUEUEABLE_STATES",
     "SYSTEM_CLOCK",

@@ -19,6 +19,7 @@ __all__ = [
     "MAX_TASK_FIRES",
     "MAX_WORKER_IN_FLIGHT",
     "ON_SETTLED_ATTEMPTS",
+    "OUTBOX_WAKE",
     "PAUSE_RECHECK_S",
     "POLL_INTERVAL_S",
     "PROGRESS_INTERVAL_S",
@@ -63,6 +64,9 @@ PAUSE_RECHECK_S = 5.0
 
 WAKE_SLOT_S = 0.25
 """One notification per queue per slot of this width; later rows in the slot stay silent."""
+OUTBOX_WAKE = ""
+"""The name a ``QueueWake`` hands its subscribers for "a committed outbox row waits": the empty
+name, which no queue can have, so workers pass it over and the relay hears it."""
 WAKE_DUE_WITHIN_S = 1.0
 """A row due further out than this is not announced; the poll finds it."""
 

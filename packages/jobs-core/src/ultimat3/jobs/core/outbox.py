@@ -28,7 +28,7 @@ from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from .clock import Clock
-from .constants import IDLE_POLL_CEILING_S
+from .constants import IDLE_POLL_CEILING_S, OUTBOX_WAKE, WOKEN_IDLE_POLL_CEILING_S
 from .durations import Duration
 from .errors import InvariantError, OutboxNoTxError
 from .facade import publish
@@ -36,7 +36,7 @@ from .ids import new_id
 from .lifecycle import LateDeadline, Wakeup, lifecycle_deadline, on_shutdown, positive_seconds
 from .logs import log_event
 from .model import Enqueued, EnqueueRequest
-from .protocol import JobDriver, OutboxStore
+from .protocol import JobDriver, OutboxStore, QueueWake
 from .wake import signal_enqueued
 
 __all__ = [
@@ -108,6 +108,7 @@ class OutboxRelay:
         idle_poll_max: Duration | None,
         clock: Clock | None,
         drain_on_shutdown: bool,
+        wake: QueueWake | None,
     ) -> None:
         if (
             isinstance(claim_lease_ms, bool)
@@ -127,10 +128,9 @@ class OutboxRelay:
         self._batch = batch
         self._interval = positive_seconds(interval, "interval")
         self._idle_max = (
-            IDLE_POLL_CEILING_S
-            if idle_poll_max is None
-            else positive_seconds(idle_poll_max, "idle_poll_max")
+            None if idle_poll_max is None else positive_seconds(idle_poll_max, "idle_poll_max")
         )
+        self._wake = wake
         self._clock = clock or driver.clock
         self._drain_on_shutdown = drain_on_shutdown
         self.id = f"relay-{new_id()}"
@@ -140,12 +140,15 @@ class OutboxRelay:
         self._loop_task: asyncio.Task[None] | None = None
         self._stopping: asyncio.Task[None] | None = None
         self._unregister: Callable[[], None] | None = None
+        self._unsubscribe: Callable[[], None] | None = None
 
     def start(self) -> None:
         """Begin relaying on the running event loop."""
         if self._loop_task is not None:
             raise InvariantError("this relay was already started; build a new one")
         self._running = True
+        if self._wake is not None:
+            self._unsubscribe = self._wake.subscribe(self._on_wake)
         self._loop_task = asyncio.get_running_loop().create_task(self._loop())
         if self._drain_on_shutdown:
             self._unregister = on_shutdown(self._accept, self._close)
@@ -165,6 +168,17 @@ class OutboxRelay:
         self._running = False
         self._wakeup.ring()
 
+    def _on_wake(self, queue: str) -> None:
+        if queue == OUTBOX_WAKE and self._running:
+            self._wakeup.ring()
+
+    def _idle_ceiling(self) -> float:
+        if self._idle_max is not None:
+            return self._idle_max
+        if self._wake is not None and self._wake.live:
+            return WOKEN_IDLE_POLL_CEILING_S
+        return IDLE_POLL_CEILING_S
+
     async def _close(self, budget: float | None) -> None:
         budget = lifecycle_deadline() if budget is None else budget
         await self.stop(self._clock.now() + timedelta(seconds=budget))
@@ -183,6 +197,9 @@ class OutboxRelay:
         if self._unregister is not None:
             self._unregister()
             self._unregister = None
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
 
     async def _loop(self) -> None:
         idle = self._interval
@@ -197,7 +214,7 @@ class OutboxRelay:
             elif published:
                 wait = idle = self._interval
             else:
-                wait, idle = idle, min(idle * 2, max(self._idle_max, self._interval))
+                wait, idle = idle, min(idle * 2, max(self._idle_ceiling(), self._interval))
             if self._running:
                 await self._wakeup.wait(self._clock, wait)
 
@@ -231,12 +248,15 @@ def outbox_relay(
     idle_poll_max: Duration | None = None,
     clock: Clock | None = None,
     drain_on_shutdown: bool = True,
+    wake: QueueWake | None = None,
 ) -> OutboxRelay:
     """A relay from ``store`` to ``driver``; ``relay.start()``, then ``await relay.stop()``.
 
-    It polls every ``interval`` while there is work, doubling to ``idle_poll_max`` (2 s) while
-    idle. ``start()`` registers the process's shutdown hooks (``drain_on_shutdown=False`` opts
-    out, for a caller that drives its own teardown).
+    It polls every ``interval`` while there is work, doubling to ``idle_poll_max`` while idle
+    (2 s; 5 s while ``wake`` is proven live). ``wake`` is a driver's ``QueueWake``: an
+    ``OUTBOX_WAKE`` notification (a commit staged a row) brings a pass at once. ``start()``
+    registers the process's shutdown hooks (``drain_on_shutdown=False`` opts out, for a caller
+    that drives its own teardown).
     """
     return OutboxRelay(
         store=store,
@@ -247,4 +267,5 @@ def outbox_relay(
         idle_poll_max=idle_poll_max,
         clock=clock,
         drain_on_shutdown=drain_on_shutdown,
+        wake=wake,
     )

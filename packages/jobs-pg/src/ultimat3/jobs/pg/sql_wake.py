@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
-__all__ = ["SQL_LISTEN", "SQL_WAKE_PROBE"]
+__all__ = ["SQL_LISTEN", "SQL_LISTEN_OUTBOX", "SQL_WAKE_PROBE"]
 
 SQL_LISTEN = """
 listen x_jobs_wake
+"""
+
+SQL_LISTEN_OUTBOX = """
+-- A commit that staged an outbox row while none waited unclaimed notifies this channel: the
+-- relay of this process passes at once instead of on its poll.
+listen x_outbox_wake
 """
 
 SQL_WAKE_PROBE = """

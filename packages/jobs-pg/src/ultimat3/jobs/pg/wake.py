@@ -1,7 +1,9 @@
 """The wake: LISTEN on ``x_jobs_wake`` so a job another process committed starts at once.
 
 One session per process holds ``LISTEN x_jobs_wake`` and hands each notification's payload (a
-queue name) to the subscribers — the worker rings its claim loop with it. The enqueue statement
+queue name) to the subscribers — the worker rings its claim loop with it. The same session
+listens on ``x_outbox_wake`` and hands its notifications on as core's ``OUTBOX_WAKE`` (the empty
+name, which no queue has): the outbox relay's cue that a commit staged a row. The enqueue statement
 throttles its NOTIFY (once per queue per WAKE_SLOT_S, only rows due within WAKE_DUE_WITHIN_S,
 never for a dedupe), so the wake costs the enqueuers almost nothing.
 
@@ -29,11 +31,13 @@ from psycopg import AsyncConnection
 from psycopg.conninfo import make_conninfo
 
 from ultimat3.jobs.core.clock import SYSTEM_CLOCK, Clock
+from ultimat3.jobs.core.constants import OUTBOX_WAKE
 from ultimat3.jobs.core.ids import new_id
 from ultimat3.jobs.core.logs import log_event
 
 from .executor import PgExecutor, PgTarget, pg_executor
-from .sql_wake import SQL_LISTEN, SQL_WAKE_PROBE
+from .sql_outbox import OUTBOX_WAKE_CHANNEL
+from .sql_wake import SQL_LISTEN, SQL_LISTEN_OUTBOX, SQL_WAKE_PROBE
 
 __all__ = ["PROBE_PREFIX", "Listener", "PgQueueWake", "start_queue_wake"]
 
@@ -132,6 +136,7 @@ class PgQueueWake:
         while not self._closed:
             try:
                 self._session = await self._dial()
+                await self._session.execute(SQL_LISTEN_OUTBOX)
                 await self._session.execute(SQL_LISTEN)
                 backoff = _REDIAL_FIRST_S
                 prover = asyncio.create_task(self._prove(), name="ultimat3-jobs-wake-probe")
@@ -159,7 +164,7 @@ class PgQueueWake:
 
     async def _deliver(self, session: AsyncConnection[Any]) -> None:
         async for notify in session.notifies():
-            payload = notify.payload
+            payload = OUTBOX_WAKE if notify.channel == OUTBOX_WAKE_CHANNEL else notify.payload
             if payload.startswith(PROBE_PREFIX):
                 if payload == self._probe:
                     self._probe_arrived.set()
