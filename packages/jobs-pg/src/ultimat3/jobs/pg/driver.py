@@ -12,7 +12,6 @@ hundred.
 
 from __future__ import annotations
 
-import asyncio
 import builtins
 from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime, timedelta
@@ -55,12 +54,6 @@ _ENQUEUE_CHUNK = 5_000
 """Requests per enqueue statement: large enough that a fan-out is a handful of statements, small
 enough that one statement's arrays stay a few megabytes."""
 _ENQUEUE_RETRIES = 10
-_PARALLEL_PARTS = 2
-"""A large round goes out as this many statements on separate connections at once: the server
-inserts on every core while the client encodes, and nothing orders the parts (no two requests
-of one round share an id or a live key)."""
-_PARALLEL_MIN = 200
-"""Requests per part below which splitting a round costs more than it gains."""
 
 _Ack = tuple[str, str, str, int | None]
 _Nack = tuple[str, NackOptions]
@@ -138,10 +131,7 @@ class PostgresJobDriver:
         for start in range(0, len(requests), _ENQUEUE_CHUNK):
             chunk = range(start, min(start + _ENQUEUE_CHUNK, len(requests)))
             for round_ in _rounds(requests, chunk):
-                parts = _split(round_)
-                await asyncio.gather(
-                    *(self._enqueue_round(requests, part, answers) for part in parts)
-                )
+                await self._enqueue_round(requests, round_, answers)
         return [answer for answer in answers if answer is not None]
 
     async def _enqueue_round(
@@ -330,12 +320,6 @@ def postgres_job_driver(
     the pool the driver owns; ``settle_batch`` bounds the rows one batched settle carries.
     """
     return PostgresJobDriver(pool_or_url, clock=clock, pool_max=pool_max, settle_batch=settle_batch)
-
-
-def _split(positions: list[int]) -> list[list[int]]:
-    parts = min(_PARALLEL_PARTS, max(1, len(positions) // _PARALLEL_MIN))
-    size = -(-len(positions) // parts)
-    return [positions[i : i + size] for i in range(0, len(positions), size)]
 
 
 def _rounds(requests: Sequence[EnqueueRequest], positions: range) -> list[list[int]]:
