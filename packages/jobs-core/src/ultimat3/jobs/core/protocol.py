@@ -159,7 +159,7 @@ class JobIntrospection(Protocol):
     """The operator surface: everything ``ujobs jobs …`` and a dashboard read or do.
 
     Bounds: ``list`` pages at most ``MAX_JOB_PAGE`` rows (default ``DEFAULT_JOB_PAGE``); the bulk
-    members move at most ``MAX_BULK_ROWS`` per call. Errors are the reference's: a running row is
+    members move at most ``MAX_BULK_ROWS`` per call. Errors, on every driver alike: a running row is
     ``JobNotRemovableError``; requeue of a live row is ``JobNotRequeueableError``, of a key a live
     row holds ``JobDuplicateError``, of an unknown id ``JobNotFoundError``.
     """
