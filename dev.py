@@ -87,7 +87,8 @@ def main(argv: list[str]) -> int:
         return run("-m", "pytest", *rest)
     if task == "bench":
         return run(str(ROOT / "bench/run.py"), *rest)
-    for command in (["ruff", "check", "."], ["ruff", "format", "--check", "."], ["mypy"]):
+    checks = (["ruff", "check", "."], ["ruff", "format", "--check", "."], ["mypy", "--strict"])
+    for command in checks:
         code = run("-m", *command)
         if code:
             return code
