@@ -10,7 +10,6 @@ driver sends (``stmt``). Runs until SIGTERM.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import socket
@@ -20,6 +19,9 @@ from typing import Any
 
 from ultimat3.jobs.core import job, job_worker
 from ultimat3.jobs.pg import postgres_job_driver, start_queue_wake
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from event_loop import run_worker
 
 QUEUE = "bench"
 SIGNAL = sys.argv[3] if len(sys.argv) > 3 else ""
@@ -70,4 +72,4 @@ async def main(url: str, concurrency: int) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1], int(sys.argv[2])))
+    run_worker(main(sys.argv[1], int(sys.argv[2])))

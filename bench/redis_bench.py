@@ -49,6 +49,9 @@ import redis
 from ultimat3.jobs.core import job, job_worker, set_job_driver
 from ultimat3.jobs.redis import RedisJobDriver, redis_job_driver, start_queue_wake
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from event_loop import run_worker
+
 URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 PREFIX = "ujobs-bench"
 QUEUE = "bench"
@@ -439,7 +442,7 @@ def worker_process(concurrency: int) -> None:
             await wake.close()
             await driver.close()
 
-    asyncio.run(main())
+    run_worker(main())
 
 
 if __name__ == "__main__":
