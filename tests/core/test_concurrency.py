@@ -329,3 +329,44 @@ async def test_a_resumed_run_takes_its_key_again_and_a_holder_meanwhile_refuses_
         await run_clock(clock, 61)
         await until(lambda: worker.stats.refused == 1)
     assert ran == ["a:0"]
+
+
+class SlowSlotRenewals:
+    """The memory lease store with ``renew`` answering only when told: a slow network."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.answer = asyncio.Event()
+        self.on_the_wire = asyncio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def renew(self, key: str, holder: str, *, ttl: float) -> bool:
+        self.on_the_wire.set()
+        await self.answer.wait()
+        return bool(await self.inner.renew(key, holder, ttl=ttl))
+
+
+async def test_a_slot_renewal_answering_after_the_run_ended_leaves_no_ghost_holder(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    body = Accounts()
+    handle = sync_job(body.run, concurrency=keyed("fail"))
+    slow = SlowSlotRenewals(driver.leases)
+    driver._leases = slow  # type: ignore[assignment]
+    key = job_lease_key(handle.name, "acme")
+    async with job_worker(driver=driver, context=lambda: None, jobs=[handle], clock=clock):
+        await handle.enqueue(Sync("acme", 1))
+        await until(lambda: body.started != [])
+        await run_clock(clock, 10)  # the slot's renewal goes out and hangs
+        await until(slow.on_the_wire.is_set)
+        body.release.set()  # the run ends and hands its slot back
+        await until(lambda: body.active["acme"] == 0)
+        await settle()
+        slow.answer.set()  # the late renewal answers: refused, the holder is gone
+        await settle()
+        assert await driver.leases.holders(key) == []
+        await handle.enqueue(Sync("acme", 2))
+        await until(lambda: len(body.started) == 2)
+    assert [row.state for row in await rows(driver)] == [JobState.DONE, JobState.DONE]

@@ -349,3 +349,34 @@ async def test_the_renewal_loop_wakes_only_when_a_renewal_is_due(
         await settle()
         await run_clock(clock, 60)
     assert spy.beats == []  # jobs that finish before their first renewal are never renewed
+
+
+async def test_a_renewal_refused_after_the_ack_landed_is_not_a_lost_lease(
+    driver: MemoryJobDriver, clock: FrozenClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A slow on_settled keeps the run's task alive past a heartbeat: the renewal sent then finds
+    the row done and is refused — that is the ack having landed, not a lost lease."""
+    hook_running = asyncio.Event()
+    hook_release = asyncio.Event()
+
+    async def slow_hook(settled: Any) -> None:
+        hook_running.set()
+        await hook_release.wait()
+
+    async def quick(*, input: Item) -> None:
+        return None
+
+    handle = item_job(quick, on_settled=slow_hook)
+    found = metrics()
+    async with job_worker(
+        driver=driver, context=lambda: None, jobs=[handle], clock=clock, metrics=found
+    ) as worker:
+        await handle.enqueue(Item(2))
+        await until(hook_running.is_set)
+        with caplog.at_level(logging.WARNING, logger="ultimat3.jobs"):
+            await run_clock(clock, 25)  # two heartbeat intervals with the hook still running
+            hook_release.set()
+            await until(lambda: worker.stats.completed == 1)
+    assert events(caplog, "jobs.lease.lost") == []
+    assert leases_lost(found) == 0
+    assert worker.stats.lease_lost == 0

@@ -23,7 +23,7 @@ The decision is taken at every claim, so a retry or a resumed run takes its key 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -127,12 +127,22 @@ class FleetSlots:
             ),
         )
 
-    async def renew(self, slot: SlotDecision) -> bool:
-        """Keep ``slot``; a slot that lapsed but nobody took is taken again. False: lost."""
+    async def renew(self, slot: SlotDecision, *, ended: Callable[[], bool]) -> bool:
+        """Keep ``slot``; a slot that lapsed but nobody took is taken again. False: lost.
+
+        ``ended()`` says the run is over: its slot is never taken again then, and one taken again
+        while the run was ending is handed straight back — a late renewal must not leave a ghost
+        holder keeping the key busy for a whole TTL."""
         assert self._leases is not None
         if await self._leases.renew(slot.key, slot.holder, ttl=self._ttl):
             return True
-        return await self._leases.acquire(slot.key, slot.holder, limit=slot.limit, ttl=self._ttl)
+        if ended():
+            return False
+        taken = await self._leases.acquire(slot.key, slot.holder, limit=slot.limit, ttl=self._ttl)
+        if taken and ended():
+            await self.release(slot)
+            return False
+        return taken
 
     async def release(self, slot: SlotDecision) -> None:
         assert self._leases is not None

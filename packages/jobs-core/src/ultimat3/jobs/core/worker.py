@@ -162,10 +162,14 @@ class _Run:
         return await self.worker._heartbeat(self)
 
     def refused(self) -> None:
-        self.worker._lease_refused(self)
+        if not self.freed:  # after the body ended, a refusal is the settle having landed
+            self.worker._lease_refused(self)
 
     def lapsed(self) -> None:
-        self.worker._lease_lost(self, f"no renewal landed for a whole window ({self.worker._vis}s)")
+        if not self.freed:  # a finished job's lease is nobody's loss
+            self.worker._lease_lost(
+                self, f"no renewal landed for a whole window ({self.worker._vis}s)"
+            )
 
     def failed(self, error: BaseException) -> None:
         log_event(
@@ -189,12 +193,14 @@ class _SlotHold:
         self.slot = slot
 
     async def renew(self) -> bool:
-        return await self.fleet.renew(self.slot)
+        return await self.fleet.renew(self.slot, ended=lambda: self.run.freed)
 
     def refused(self) -> None:
         self.lapsed()
 
     def lapsed(self) -> None:
+        if self.run.freed:
+            return  # the body has ended: a slot missed now costs nobody anything
         claimed = self.run.claimed
         log_event(
             logging.ERROR,
