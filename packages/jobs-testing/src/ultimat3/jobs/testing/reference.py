@@ -12,7 +12,7 @@ rows it hands out, and may bury the ones past the last row it handed out (``Clai
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from ultimat3.jobs.core import (
@@ -274,14 +274,7 @@ class ReferenceQueue:
 
     def _count(self, name: str, kind: CounterKind, duration_ms: int | None = None) -> None:
         held = self.totals.get(name) or CounterTotals(name=name)
-        self.totals[name] = replace(
-            held,
-            done=held.done + (kind == "done"),
-            retried=held.retried + (kind == "retried"),
-            failed=held.failed + (kind == "failed"),
-            dead=held.dead + (kind == "dead"),
-            duration_ms=held.duration_ms + (duration_ms or 0),
-        )
+        self.totals[name] = held.added(kind, duration_ms)
 
     # -- what a reader sees ---------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ from ultimat3.jobs.core import (
     JobNotRemovableError,
     JobNotRequeueableError,
     JobState,
+    Progress,
     StepRecord,
 )
 
@@ -176,7 +177,9 @@ class OperatorRules:
         assert not await jobs.driver.save_step(
             held.id, held.claim, held.run_id, StepRecord("late", 0, 1)
         )
-        assert (await jobs.row(held.id)).state is JobState.CANCELLED
+        assert not await jobs.introspect.record_progress(held.id, held.claim, Progress(1, 2))
+        row = await jobs.row(held.id)
+        assert (row.state, row.progress) == (JobState.CANCELLED, None)
 
     async def test_cancel_of_a_finished_row_answers_none_and_leaves_it(
         self, jobs: Conformance
