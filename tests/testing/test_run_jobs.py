@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -118,6 +119,36 @@ async def forever(*, input: Order, step: Step) -> Any:
 )
 async def hangs(*, input: Order) -> None:
     await asyncio.Event().wait()
+
+
+@job(
+    input=Order,
+    idempotency_key=_key,
+    tenant="none",
+    name="run-jobs-slow-thread",
+    timeout="1h",
+    retry=Retry(attempts=1),
+)
+async def slow_thread(*, input: Order, step: Step) -> str:
+    return str(await step.run("label", lambda: _slowly(f"label {input.order_id}")))
+
+
+def _slowly(value: str) -> str:
+    time.sleep(0.2)
+    return value
+
+
+@job(
+    input=Order,
+    idempotency_key=_key,
+    tenant="none",
+    name="run-jobs-slow-io",
+    timeout="1h",
+    retry=Retry(attempts=1),
+)
+async def slow_io(*, input: Order) -> str:
+    await asyncio.sleep(0.2)  # a real round trip, slower than a frozen clock's tick
+    return f"fetched {input.order_id}"
 
 
 told: list[Settled[Any]] = []
@@ -273,10 +304,35 @@ async def test_a_hung_body_meets_its_timeout_on_the_frozen_clock(
 ) -> None:
     start = clock.now()
     await _enqueue(driver, hangs, "o-1")
-    (execution,) = await run_jobs(driver)
+    (execution,) = await run_jobs(driver, stuck_after=0.05)
     assert execution.outcome == "dead-lettered"
     assert getattr(execution.error, "code", None) == "X_JOB_TIMEOUT"
     assert clock.now() == start + timedelta(seconds=30)
+
+
+async def test_a_thread_step_slower_than_stuck_after_does_not_time_out(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    start = clock.now()
+    await _enqueue(driver, slow_thread, "o-1")
+    (execution,) = await run_jobs(driver, stuck_after=0.05)
+    assert (execution.outcome, execution.result) == ("completed", "label o-1")
+    assert clock.now() == start
+
+
+async def test_real_io_within_stuck_after_does_not_time_out(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    start = clock.now()
+    await _enqueue(driver, slow_io, "o-1")
+    (execution,) = await run_jobs(driver)
+    assert (execution.outcome, execution.result) == ("completed", "fetched o-1")
+    assert clock.now() == start
+
+
+async def test_stuck_after_must_be_positive(driver: MemoryJobDriver) -> None:
+    with pytest.raises(ValueError, match="stuck_after"):
+        await run_jobs(driver, stuck_after=0)
 
 
 async def test_jobs_limits_the_queues_served(driver: MemoryJobDriver, services: Services) -> None:

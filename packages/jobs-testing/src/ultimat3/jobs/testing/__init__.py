@@ -20,11 +20,17 @@ from .conformance import (  # noqa: E402
     open_conformance,
 )
 from .reference import ReferenceQueue  # noqa: E402
-from .run import DEFAULT_ATTEMPTS_GUARD, RunawayJobsError, run_jobs  # noqa: E402
+from .run import (  # noqa: E402
+    DEFAULT_ATTEMPTS_GUARD,
+    DEFAULT_STUCK_AFTER_S,
+    RunawayJobsError,
+    run_jobs,
+)
 
 __all__ = [
     "CONFORMANCE_EPOCH",
     "DEFAULT_ATTEMPTS_GUARD",
+    "DEFAULT_STUCK_AFTER_S",
     "Conformance",
     "ConformanceTarget",
     "ReferenceQueue",

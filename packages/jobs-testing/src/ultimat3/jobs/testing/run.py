@@ -4,6 +4,11 @@ It is the worker's claim round without the worker: claim, run each attempt with
 ``execute_job``, and when nothing is due move the ``FrozenClock`` straight to the next row that
 will be (a backoff, a ``step.sleep``, a delayed enqueue, a ``wait_for_event`` poll) instead of
 waiting for it. Attempts run one at a time, in due order, so a test reads them as a script.
+
+Inside an attempt the frozen clock is moved only when the attempt looks stuck on it: a job
+``timeout`` over a hung body would otherwise hang the test. Whether a body is hung or only slow
+cannot be told from outside, so "stuck" is a real-time judgement (``stuck_after``): no thread work
+in flight and the attempt still unfinished that long after it began or the clock last moved.
 """
 
 from __future__ import annotations
@@ -33,14 +38,21 @@ from ultimat3.jobs.core.constants import DEFAULT_VISIBILITY_TIMEOUT_S
 from ultimat3.jobs.core.execute import announce_exhausted
 from ultimat3.jobs.core.registry import job_named
 
-__all__ = ["DEFAULT_ATTEMPTS_GUARD", "RunawayJobsError", "run_jobs"]
+__all__ = ["DEFAULT_ATTEMPTS_GUARD", "DEFAULT_STUCK_AFTER_S", "RunawayJobsError", "run_jobs"]
 
 DEFAULT_ATTEMPTS_GUARD = 1_000
 """Attempts ``run_jobs`` makes before it calls the work runaway."""
 
-_IDLE_S = 0.05
-"""Real time an attempt may make no progress before its clock sleepers are woken: long enough
-for a thread-run step to come back, short enough that a test never notices."""
+DEFAULT_STUCK_AFTER_S = 1.0
+"""Real seconds an attempt may stay unfinished, with no thread work in flight, before
+``run_jobs`` takes it to be waiting on the frozen clock. Far above a local server's round trip
+(a slow one would fire a job ``timeout`` falsely); the price is that long in a test whose body
+really hangs under a ``timeout``."""
+
+_POLL_S = 0.01
+"""How often a running attempt is looked at: often enough to see a short thread step."""
+
+_TO_THREAD = asyncio.to_thread.__code__
 
 _WAITING = (JobState.READY, JobState.DELAYED, JobState.SUSPENDED)
 _PROBE_HORIZON = timedelta(days=400)
@@ -65,6 +77,7 @@ async def run_jobs(
     max_attempts_guard: int = DEFAULT_ATTEMPTS_GUARD,
     worker_id: str = "run-jobs",
     visibility_timeout: float = DEFAULT_VISIBILITY_TIMEOUT_S,
+    stuck_after: float = DEFAULT_STUCK_AFTER_S,
 ) -> list[JobExecution]:
     """Run every due attempt until nothing is queued or will come due; answer them in order.
 
@@ -72,16 +85,26 @@ async def run_jobs(
       is given, only their queues are served; with neither, every queue that holds rows.
     - ``services``: what a body sees as ``ctx.services``.
     - ``clock``: the ``FrozenClock`` the driver runs on (default ``driver.clock``). When nothing
-      is due it is set to the next ``run_at`` of a waiting row; while an attempt is stuck on a
-      sleep of this clock (a job ``timeout``) it is set to that sleep's deadline.
+      is due it is set to the next ``run_at`` of a waiting row; while an attempt is stuck (see
+      ``stuck_after``) it is set to the deadline of the earliest sleep on it (a job ``timeout``).
     - ``events``: the bus ``step.wait_for_event`` reads (default: the installed one).
     - ``max_attempts_guard``: after this many attempts with work still due, raise
       ``RunawayJobsError`` — a wait nobody answers polls forever.
+    - ``stuck_after``: real seconds an attempt may stay unfinished, while no thread of it
+      (``step.run`` of a sync function, ``asyncio.to_thread``) is running, before it is taken to
+      be waiting on the clock and the clock jumps to its earliest sleeper. Raise it when a body
+      under a ``timeout`` does real I/O slower than that (else the timeout fires falsely); lower
+      it so a test of a hung body under a ``timeout`` ends sooner.
 
     Rows in paused queues, and rows another worker holds, are left alone. A lease that lapsed
     on a final attempt is buried by the claim and announced, exactly as the worker does.
     """
     clock = _frozen_clock(driver, clock)
+    if not stuck_after > 0:
+        raise ValueError(
+            f"stuck_after={stuck_after!r}: give the real seconds an attempt may run before it is "
+            f"taken to be stuck on the clock, more than 0 (default {DEFAULT_STUCK_AFTER_S})"
+        )
     handles = list(jobs) if jobs is not None else None
     by_name = {handle.name: handle for handle in handles or ()}
     served = set(queues) if queues is not None else None
@@ -112,7 +135,7 @@ async def run_jobs(
                 if len(executions) >= max_attempts_guard:
                     raise _runaway(executions)
                 execution = await _attempt(
-                    claimed, driver, handle_for(claimed.name), services, events, clock
+                    claimed, driver, handle_for(claimed.name), services, events, clock, stuck_after
                 )
                 executions.append(execution)
                 waiting.note(execution)
@@ -149,20 +172,43 @@ async def _attempt(
     services: Any,
     events: EventBus | None,
     clock: FrozenClock,
+    stuck_after: float,
 ) -> JobExecution:
-    """One attempt; while it sits idle on a sleep of the frozen clock, wake that sleep."""
+    """One attempt; once it is stuck (``stuck_after``), move the clock to its earliest sleeper."""
     attempt = asyncio.ensure_future(
         execute_job(
             claimed, driver=driver, handle=handle, services=services, events=events, clock=clock
         )
     )
+    loop = asyncio.get_running_loop()
+    quiet_since = loop.time()
     while True:
-        done, _ = await asyncio.wait({attempt}, timeout=_IDLE_S)
+        done, _ = await asyncio.wait({attempt}, timeout=min(_POLL_S, stuck_after))
         if done:
             return attempt.result()
-        wake = clock.next_wake()
-        if wake is not None:
-            clock.set(wake)
+        now = loop.time()
+        if _thread_work_in_flight():
+            quiet_since = now
+        elif now - quiet_since >= stuck_after:
+            wake = clock.next_wake()
+            if wake is not None:
+                clock.set(wake)
+            quiet_since = now
+
+
+def _thread_work_in_flight() -> bool:
+    """Whether a task of this loop waits on ``asyncio.to_thread`` (a sync ``step.run`` does): a
+    thread is working, so nothing is stuck yet."""
+    return any(_awaits_a_thread(task) for task in asyncio.all_tasks())
+
+
+def _awaits_a_thread(task: asyncio.Task[Any]) -> bool:
+    awaited: Any = task.get_coro()
+    while awaited is not None:
+        if getattr(awaited, "cr_code", None) is _TO_THREAD:
+            return True
+        awaited = getattr(awaited, "cr_await", None)
+    return False
 
 
 def _runaway(executions: list[JobExecution]) -> RunawayJobsError:
