@@ -18,6 +18,8 @@ from ultimat3.jobs.testing.services import (
     redis_server_binary,
 )
 
+pytest_plugins = ["pytester"]
+
 
 def _closed_port() -> int:
     with socket.socket() as probe:
@@ -47,12 +49,31 @@ def test_the_default_port_answers_when_the_environment_names_nothing() -> None:
     assert found.tried == ["REDIS_URL unset"]
 
 
-def test_a_dead_environment_url_falls_through_to_the_default_port(redis_url: str) -> None:
-    if redis_url != DEFAULT_REDIS_URL:
-        pytest.skip("the session's Redis is not on the default port")
-    found = find_redis({"REDIS_URL": _nowhere_redis()}, containers=False, binaries=False)
-    assert found.url == DEFAULT_REDIS_URL
-    assert found.tried[0].startswith("REDIS_URL (redis://127.0.0.1:")
+def test_a_dead_environment_url_is_not_replaced_by_another_server(redis_url: str) -> None:
+    dead = _nowhere_redis()
+    environ = {"REDIS_URL": dead, "DOCKER_HOST": "unix:///nonexistent/docker.sock"}
+    found = find_redis(environ, default_url=redis_url)
+    assert found.url is None
+    assert found.stop is None
+
+
+def test_a_dead_environment_url_is_named_in_the_reason() -> None:
+    dead = _nowhere_postgres()
+    found = find_postgres({"DATABASE_URL": dead}, containers=False, binaries=False)
+    assert found.reason.startswith(f"DATABASE_URL is set to {dead} and it does not answer")
+
+
+def test_a_test_needing_a_dead_environment_url_is_skipped_naming_it(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dead = _nowhere_redis()
+    monkeypatch.setenv("REDIS_URL", dead)
+    pytester.makepyfile("def test_needs_redis(redis_url):\n    pass\n")
+    result = pytester.runpytest_inprocess(
+        "-p", "no:cacheprovider", "-o", "asyncio_default_fixture_loop_scope=function", "-rs"
+    )
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines([f"*no Redis server found: REDIS_URL is set to {dead} and it*"])
 
 
 def test_an_absent_docker_engine_is_found_absent_at_once() -> None:

@@ -1,10 +1,13 @@
 """Finding a Postgres and a Redis for tests.
 
-In order: the URL in ``DATABASE_URL`` / ``REDIS_URL``; a server on the default local port; a
-testcontainers container when a Docker engine answers; a server started from local binaries in
-a temp directory. When none of those works the tests that need the service are skipped with a
-message naming everything that was tried. A server this process started is stopped by
-``Found.stop()`` (the plugin calls it at the end of the session) and, failing that, at exit.
+A URL set in ``DATABASE_URL`` / ``REDIS_URL`` is the only place looked: when it does not answer,
+the tests that need the service are skipped with a reason naming it, and no other server is tried
+(a mistyped CI URL must not run the tests against whatever listens on the default port).
+Unset, in order: a server on the default local port; a testcontainers container when a Docker
+engine answers; a server started from local binaries in a temp directory. When none of those
+works the tests that need the service are skipped with a message naming everything tried.
+A server this process started is stopped by ``Found.stop()`` (the plugin calls it at the end of
+the session) and, failing that, at exit.
 """
 
 from __future__ import annotations
@@ -381,16 +384,23 @@ def _find(
     use_binaries: bool,
 ) -> Found:
     environ = os.environ if environ is None else environ
-    tried: list[str] = []
-    candidates = [(env_name, environ[env_name])] if environ.get(env_name) else []
-    if not candidates:
-        tried.append(f"{env_name} unset")
-    candidates.append(("the default local port", default_url))
-    for where, url in candidates:
-        failure = answers(url)
+    named = environ.get(env_name)
+    if named:
+        failure = answers(named)
         if failure is None:
-            return Found(url, tried)
-        tried.append(f"{where} ({url}): {failure}")
+            return Found(named)
+        return Found(
+            None,
+            [
+                f"{env_name} is set to {named} and it does not answer ({failure}); start that "
+                f"server or correct {env_name} (unset, the tests look for a server themselves)"
+            ],
+        )
+    tried = [f"{env_name} unset"]
+    failure = answers(default_url)
+    if failure is None:
+        return Found(default_url, tried)
+    tried.append(f"the default local port ({default_url}): {failure}")
     starters: list[Callable[[], Found]] = []
     if use_containers:
         if docker_engine(environ) is None:
