@@ -115,15 +115,56 @@ async def test_fn_receives_the_steps_signal(clock: FrozenClock) -> None:
 
 async def test_step_timeout_aborts_the_steps_signal_then_fails_the_step(clock: FrozenClock) -> None:
     seen: list[AbortSignal] = []
+    cancelled = asyncio.Event()
 
     async def hang(signal: AbortSignal) -> None:
         seen.append(signal)
-        await asyncio.sleep(30)
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
 
+    running = asyncio.ensure_future(make_step(Storage(), clock, step_timeout=10).run("hang", hang))
+    while not seen:
+        await asyncio.sleep(0)
+    clock.advance(9)
+    await asyncio.sleep(0)
+    assert not running.done()  # the ceiling runs on the job's clock, not the wall's
+    clock.advance(1)
     with pytest.raises(JobTimeoutError) as caught:
-        await make_step(Storage(), clock, step_timeout=0.01).run("hang", hang)
+        await asyncio.wait_for(running, 5)
     assert caught.value.code == "X_JOB_TIMEOUT"
     assert seen[0].aborted
+    await asyncio.wait_for(cancelled.wait(), 5)  # the step's own work is stopped too
+
+
+async def test_a_step_cancelled_with_its_body_stops_its_own_work(clock: FrozenClock) -> None:
+    """A drain or a deadline cancels the body: a step under a ceiling must not run on after."""
+    started, stopped = asyncio.Event(), asyncio.Event()
+
+    async def slow() -> None:
+        started.set()
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            stopped.set()
+            raise
+
+    body = asyncio.ensure_future(make_step(Storage(), clock, step_timeout=60).run("slow", slow))
+    await started.wait()
+    body.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await body
+    await asyncio.wait_for(stopped.wait(), 5)
+
+
+async def test_a_run_of_many_steps_leaves_no_listener_behind(clock: FrozenClock) -> None:
+    controller = AbortController()
+    step = make_step(Storage(), clock, signal=controller.signal)
+    for n in range(50):
+        await step.run(f"step-{n}", lambda: None)
+    assert controller.signal._listeners == []
 
 
 async def test_a_write_after_the_attempt_was_aborted_is_x_aborted(clock: FrozenClock) -> None:

@@ -27,7 +27,7 @@ from .errors import (
 from .jsonvalue import json_roundtrip
 from .model import JsonValue, StepRecord
 from .protocol import EventBus
-from .signal import AbortController, AbortSignal, any_signal
+from .signal import AbortController, AbortSignal
 
 __all__ = ["Step", "StepStore", "StepSuspension"]
 
@@ -132,12 +132,16 @@ class Step:
             self.trace.append((name, "replayed"))
             return held.output
         controller = AbortController()
-        signal = any_signal(self._signal, controller.signal)
+        # The step's signal fires with the run's, or at the step's own ceiling; the link to the
+        # run's signal is undone after the step so a long run does not collect one per step.
+        unlink = self._signal.add_listener(controller.abort)
         try:
-            value = await self._call(name, fn, signal, controller)
+            value = await self._call(name, fn, controller)
         except BaseException:
             self.trace.append((name, "failed"))
             raise
+        finally:
+            unlink()
         try:
             output = json_roundtrip(value)
         except (TypeError, ValueError) as exc:
@@ -150,27 +154,33 @@ class Step:
         self.trace.append((name, "ran"))
         return output
 
-    async def _call(
-        self, name: str, fn: Callable[..., Any], signal: AbortSignal, controller: AbortController
-    ) -> Any:
-        args = (signal,) if _takes_argument(fn) else ()
+    async def _call(self, name: str, fn: Callable[..., Any], controller: AbortController) -> Any:
+        args = (controller.signal,) if _takes_argument(fn) else ()
         if inspect.iscoroutinefunction(fn):
             work: Awaitable[Any] = fn(*args)
         else:
             work = _call_sync(fn, args)
         if self._step_timeout is None:
             return await work
+        # The ceiling runs on the job's clock beside the step. Whatever ends the wait — the step,
+        # the ceiling, or the body being cancelled (a deadline, a drain) — the step's own work is
+        # cancelled with it: nothing of it may go on after the attempt handed its row back.
         task = asyncio.ensure_future(work)
+        ceiling = asyncio.ensure_future(self._clock.sleep(self._step_timeout))
         try:
-            return await asyncio.wait_for(asyncio.shield(task), self._step_timeout)
-        except TimeoutError:
+            await asyncio.wait((task, ceiling), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            ceiling.cancel()
+            if not task.done():
+                task.cancel()
+        if task.cancelled() or not task.done():
             reason = JobTimeoutError(
                 f"step {name!r} exceeded its step_timeout of {self._step_timeout}s",
                 meta={"step": name},
             )
             controller.abort(reason)
-            task.cancel()
-            raise reason from None
+            raise reason
+        return task.result()
 
     async def sleep(
         self, name_or_duration: str | Duration, duration: Duration | None = None
