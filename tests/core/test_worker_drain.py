@@ -18,11 +18,13 @@ from ultimat3.jobs.core import (
     JobDrainedError,
     JobState,
     Retry,
+    configure_lifecycle,
     job,
     job_worker,
     on_shutdown,
     shutdown,
 )
+from ultimat3.jobs.core.constants import DRAIN_DEADLINE_S
 from ultimat3.jobs.core.memory import MemoryJobDriver
 
 
@@ -270,3 +272,59 @@ async def test_the_worker_leaves_the_driver_it_was_handed_open(
     await worker.start()
     await worker.drain()
     assert closed == []
+
+
+async def test_a_worker_without_its_own_budget_drains_on_the_processs_lifecycle_deadline(
+    driver: MemoryJobDriver, clock: FrozenClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    body = Held(stubborn=True)
+    handle = item_job(body.run)
+    worker = job_worker(driver=driver, context=lambda: None, jobs=[handle], clock=clock)
+    await worker.start()
+    await handle.enqueue(Item(1))
+    await until(lambda: body.started == [1])
+    configure_lifecycle(deadline=100)
+    try:
+        with caplog.at_level(logging.ERROR, logger="ultimat3.jobs"):
+            draining = asyncio.ensure_future(worker.drain())
+            await run_clock(clock, 99)
+            assert not draining.done()  # not the 25 s default
+            await run_clock(clock, 1)
+            await until(draining.done)
+    finally:
+        configure_lifecycle(deadline=DRAIN_DEADLINE_S)
+        body.release.set()
+    assert [r for r in caplog.records if getattr(r, "event", "") == "jobs.worker.drain-abandoned"]
+
+
+async def test_a_failing_hook_neither_stops_the_other_roles_nor_goes_unlogged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    accepted: list[str] = []
+
+    def broken_accept(reason: str) -> None:
+        raise RuntimeError("accept broke")
+
+    async def broken_close(budget: float | None) -> None:
+        raise RuntimeError("close broke")
+
+    async def fine_close(budget: float | None) -> None:
+        return None
+
+    removers = [
+        on_shutdown(broken_accept, broken_close),
+        on_shutdown(accepted.append, fine_close),
+    ]
+    try:
+        with caplog.at_level(logging.ERROR, logger="ultimat3.jobs"):
+            await shutdown("SIGTERM")
+    finally:
+        for remove in removers:
+            remove()
+    assert accepted == ["SIGTERM"]
+    phases = [
+        r.jobs["phase"]  # type: ignore[attr-defined]
+        for r in caplog.records
+        if getattr(r, "event", "") == "jobs.lifecycle.hook-failed"
+    ]
+    assert sorted(phases) == ["accept", "close"]

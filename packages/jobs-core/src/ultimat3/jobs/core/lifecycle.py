@@ -88,8 +88,16 @@ async def shutdown(reason: str = "shutdown", *, deadline: float | None = None) -
     hooks = list(_hooks)
     log_event(logging.INFO, "jobs.lifecycle.shutdown", reason=reason, roles=len(hooks))
     for hooks_of_role in hooks:
-        hooks_of_role.accept(reason)
-    await asyncio.gather(*(h.close(deadline) for h in hooks), return_exceptions=True)
+        try:  # one role failing to stop must not keep the others taking work
+            hooks_of_role.accept(reason)
+        except Exception as exc:
+            log_event(logging.ERROR, "jobs.lifecycle.hook-failed", phase="accept", error=repr(exc))
+    closed = await asyncio.gather(*(h.close(deadline) for h in hooks), return_exceptions=True)
+    for outcome in closed:
+        if isinstance(outcome, BaseException):
+            log_event(
+                logging.ERROR, "jobs.lifecycle.hook-failed", phase="close", error=repr(outcome)
+            )
 
 
 def install_shutdown_signals() -> Callable[[], None]:

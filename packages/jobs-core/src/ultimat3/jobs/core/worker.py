@@ -18,7 +18,8 @@ Stopping, two ways:
 
 - ``drain()`` (SIGTERM, SIGINT, ``run()``): *accept* stops claiming and aborts every held job's
   ``ctx.signal`` with ``X_DRAINING`` — a body that unwinds is ``interrupted``, its row ready again
-  at once with the attempt uncounted; *close* waits for in-flight work up to ``drain_deadline``,
+  at once with the attempt uncounted; *close* waits for in-flight work up to ``drain_deadline``
+  (else the process's ``configure_lifecycle(deadline=…)``, 25 s by default),
   and past it logs ``jobs.worker.drain-abandoned``: those rows return when their leases lapse.
 - ``stop()`` aborts nothing and waits as long as the work takes (a shutdown landing meanwhile binds
   its deadline to that wait).
@@ -47,7 +48,6 @@ from .concurrency import FleetSlots, SlotDecision, require_lease_store
 from .constants import (
     DEFAULT_QUEUE,
     DEFAULT_VISIBILITY_TIMEOUT_S,
-    DRAIN_DEADLINE_S,
     IDLE_POLL_CEILING_S,
     JOBS_CONCURRENCY_DEFAULT,
     MAX_WORKER_IN_FLIGHT,
@@ -72,6 +72,7 @@ from .lifecycle import (
     LateDeadline,
     Wakeup,
     install_shutdown_signals,
+    lifecycle_deadline,
     on_shutdown,
     positive_seconds,
 )
@@ -272,7 +273,7 @@ class JobWorker:
         limits: LimitConfig | ProcessLimits | None,
         clock: Clock | None,
         worker_id: str | None,
-        drain_deadline: Duration,
+        drain_deadline: Duration | None,
         events: EventBus | None,
         metrics: JobMetrics | None,
         on_execution: Callable[[JobExecution], None] | None,
@@ -296,7 +297,9 @@ class JobWorker:
         self._idle_max = (
             None if idle_poll_max is None else positive_seconds(idle_poll_max, "idle_poll_max")
         )
-        self._drain_deadline = positive_seconds(drain_deadline, "drain_deadline")
+        self._drain_deadline = (
+            None if drain_deadline is None else positive_seconds(drain_deadline, "drain_deadline")
+        )
         self._wake = wake
         self._events = events
         self._metrics = metrics or job_metrics()
@@ -439,7 +442,9 @@ class JobWorker:
     async def _close(self, budget: float | None) -> None:
         if self._state in ("new", "stopped"):
             return
-        self._deadline.bind_in(self._drain_deadline if budget is None else budget)
+        if budget is None:  # the worker's own budget, else the process's lifecycle deadline
+            budget = self._drain_deadline or lifecycle_deadline()
+        self._deadline.bind_in(budget)
         await self._wind_down()
 
     async def _wind_down(self) -> None:
@@ -898,7 +903,7 @@ def job_worker(
     limits: LimitConfig | ProcessLimits | None = None,
     clock: Clock | None = None,
     worker_id: str | None = None,
-    drain_deadline: Duration = DRAIN_DEADLINE_S,
+    drain_deadline: Duration | None = None,
     events: EventBus | None = None,
     metrics: JobMetrics | None = None,
     on_execution: Callable[[JobExecution], None] | None = None,
