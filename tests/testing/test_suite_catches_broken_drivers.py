@@ -1,15 +1,18 @@
 """The shipped conformance suite fails a driver that carries one deliberate bug.
 
 Each broken driver is the memory driver with a single rule bent. For each, the suite's own tests
-for that rule are run directly against it and must fail, and the same tests pass on the memory
-driver itself; the rules the stateful test exercises must also be caught by it.
+for that rule are run directly against it and must fail on one of their own checks (an ``assert``
+or ``pytest.raises`` in the test's body, not a crash or a helper's), and the same tests pass on
+the memory driver itself; the rules the stateful test exercises must also be caught by it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import traceback
 from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import pytest
 
@@ -24,6 +27,7 @@ from ultimat3.jobs.core import (
     JobPage,
     JobState,
     NackOptions,
+    Progress,
     memory_event_bus,
 )
 from ultimat3.jobs.core.constants import MAX_JOB_PAGE
@@ -38,6 +42,7 @@ from ultimat3.jobs.testing import (
     job_driver_conformance,
     open_conformance,
 )
+from ultimat3.jobs.testing import conformance as suite_package
 
 # -- the bugs ---------------------------------------------------------------------------------
 
@@ -223,6 +228,23 @@ class RemoveManyOverstatesRemaining(MemoryJobDriver):
         self._introspect = _OverstatedRemaining(self._state)
 
 
+class _ProgressWhenever(MemoryIntrospection):
+    async def record_progress(self, job_id: str, ref: ClaimRef, progress: Progress) -> bool:
+        row = self._state.rows.get(job_id)
+        if row is None:
+            return False
+        row.progress = progress
+        return True
+
+
+class ProgressIgnoresTheClaim(MemoryJobDriver):
+    """A progress report lands on its row whoever holds it, and after the run ended."""
+
+    def __init__(self, *, clock: FrozenClock) -> None:
+        super().__init__(clock=clock)
+        self._introspect = _ProgressWhenever(self._state)
+
+
 # -- running the suite against them -----------------------------------------------------------
 
 
@@ -237,18 +259,46 @@ def _target(driver_type: type[MemoryJobDriver]) -> TargetFactory:
     return target
 
 
-async def _passes(
+_FAILED_CHECKS = (AssertionError, pytest.fail.Exception)
+"""How a test fails a driver: an ``assert``, or ``pytest.raises``/``pytest.fail``."""
+
+_SUITE_DIR = str(Path(suite_package.__file__).parent)
+
+
+async def _failure(
     driver_type: type[MemoryJobDriver], test: str, request: pytest.FixtureRequest
-) -> bool:
-    """Whether the suite's ``test`` passes against ``driver_type``."""
+) -> BaseException | None:
+    """The failed check the suite's ``test`` stops on against ``driver_type``, None when it
+    passes. Anything else it raises — a crash, a skip — propagates: a suite test that blows up
+    on a driver has caught nothing."""
     factory = _target(driver_type)
     suite = job_driver_conformance(factory)
     async with open_conformance(factory, request) as jobs:
         try:
             await getattr(suite(), test)(jobs)
-        except (Exception, pytest.fail.Exception):
-            return False
-    return True
+        except _FAILED_CHECKS as failed:
+            _insist_the_test_itself_failed(test, driver_type, failed)
+            return failed
+        except pytest.skip.Exception as skipped:
+            raise AssertionError(f"{test} skipped on {driver_type.__name__}: {skipped}") from None
+    return None
+
+
+def _insist_the_test_itself_failed(
+    test: str, driver_type: type[MemoryJobDriver], failed: BaseException
+) -> None:
+    """A check that failed in a helper of the suite (``claim_one`` finding no job) is not the
+    rule's own check: the innermost suite frame must be the test's."""
+    suite_frames = [
+        frame.f_code.co_name
+        for frame, _ in traceback.walk_tb(failed.__traceback__)
+        if frame.f_code.co_filename.startswith(_SUITE_DIR)
+    ]
+    if not suite_frames or suite_frames[-1] != test:
+        raise AssertionError(
+            f"{test} failed on {driver_type.__name__} outside its own checks "
+            f"(in {suite_frames[-1:] or 'no suite code'}): {failed}"
+        ) from failed
 
 
 CAUGHT_BY: Sequence[tuple[type[MemoryJobDriver], Sequence[str]]] = [
@@ -301,6 +351,14 @@ CAUGHT_BY: Sequence[tuple[type[MemoryJobDriver], Sequence[str]]] = [
     (LeaseHoldersByName, ["test_holders_are_listed_in_slot_order"]),
     (ListIgnoresThePageBound, ["test_a_limit_over_the_maximum_is_refused"]),
     (RemoveManyOverstatesRemaining, ["test_remove_many_moves_at_most_the_bound"]),
+    (
+        ProgressIgnoresTheClaim,
+        [
+            "test_progress_under_a_stale_claim_answers_false_and_changes_nothing",
+            "test_progress_after_the_settle_answers_false",
+            "test_a_cancelled_run_cannot_settle_renew_or_report",
+        ],
+    ),
 ]
 
 
@@ -308,7 +366,7 @@ CAUGHT_BY: Sequence[tuple[type[MemoryJobDriver], Sequence[str]]] = [
 async def test_the_suite_fails_the_broken_driver(
     broken: type[MemoryJobDriver], tests: Sequence[str], request: pytest.FixtureRequest
 ) -> None:
-    passed = [test for test in tests if await _passes(broken, test, request)]
+    passed = [test for test in tests if await _failure(broken, test, request) is None]
     assert passed == [], f"{broken.__name__} passed {passed}"
 
 
@@ -316,8 +374,12 @@ async def test_the_suite_fails_the_broken_driver(
 async def test_the_same_tests_pass_on_the_memory_driver(
     broken: type[MemoryJobDriver], tests: Sequence[str], request: pytest.FixtureRequest
 ) -> None:
-    failed = [test for test in tests if not await _passes(MemoryJobDriver, test, request)]
-    assert failed == []
+    failed = {
+        test: failure
+        for test in tests
+        if (failure := await _failure(MemoryJobDriver, test, request))
+    }
+    assert failed == {}
 
 
 CAUGHT_BY_THE_STATEFUL_TEST = [

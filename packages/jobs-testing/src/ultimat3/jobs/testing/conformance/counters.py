@@ -32,19 +32,19 @@ class CounterRules:
     async def test_a_counted_retry_counts_retried(self, jobs: Conformance) -> None:
         held = await jobs.running(name="counted")
         assert await jobs.nack(held, error="boom", duration_ms=40)
-        assert (await jobs.totals())["counted"] == CounterTotals(
+        assert (await jobs.totals()).get("counted") == CounterTotals(
             "counted", retried=1, duration_ms=40
         )
 
     async def test_a_dead_letter_counts_dead(self, jobs: Conformance) -> None:
         held = await jobs.running(name="counted")
         assert await jobs.nack(held, dead_letter=True)
-        assert (await jobs.totals())["counted"] == CounterTotals("counted", dead=1)
+        assert (await jobs.totals()).get("counted") == CounterTotals("counted", dead=1)
 
     async def test_a_failure_counts_failed_even_uncounted(self, jobs: Conformance) -> None:
         held = await jobs.running(name="counted")
         assert await jobs.nack(held, fail=True, count_attempt=False)
-        assert (await jobs.totals())["counted"] == CounterTotals("counted", failed=1)
+        assert (await jobs.totals()).get("counted") == CounterTotals("counted", failed=1)
 
     async def test_a_handed_back_attempt_counts_nothing(self, jobs: Conformance) -> None:
         parked = await jobs.running(name="counted")
@@ -57,13 +57,13 @@ class CounterRules:
         held = await jobs.running(name="counted", max_attempts=1)
         jobs.clock.set(held.lease_until)
         await jobs.claim(held.queue)
-        assert (await jobs.totals())["counted"] == CounterTotals("counted", dead=1)
+        assert (await jobs.totals()).get("counted") == CounterTotals("counted", dead=1)
 
     async def test_a_dropped_burial_counts_failed(self, jobs: Conformance) -> None:
         held = await jobs.running(name="counted", max_attempts=1)
         jobs.clock.set(held.lease_until)
         await jobs.claim(held.queue, drop_exhausted={"counted"})
-        assert (await jobs.totals())["counted"] == CounterTotals("counted", failed=1)
+        assert (await jobs.totals()).get("counted") == CounterTotals("counted", failed=1)
 
     async def test_settles_in_one_minute_share_a_bucket(self, jobs: Conformance) -> None:
         jobs.clock.set(bucket_start(jobs.now(), _MINUTE) + timedelta(minutes=1))
