@@ -334,7 +334,7 @@ def _parser() -> argparse.ArgumentParser:
     for ep in entry_points(group="ultimat3.jobs.commands"):
         try:
             register = ep.load()
-        except ImportError as exc:  # a broken plugin must not take the core commands down
+        except Exception as exc:  # a broken plugin must not take the core commands down
             sys.stderr.write(f"ujobs: skipping the {ep.name!r} commands: {exc}\n")
             continue
         register(sub)
