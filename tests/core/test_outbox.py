@@ -480,3 +480,17 @@ async def test_a_deadline_bound_late_cuts_the_wait_short_and_the_earliest_wins(
     ]
     assert len(abandoned) == 1
     slow.gate.set()
+
+
+async def test_a_relay_whose_passes_keep_failing_backs_off_like_an_idle_one(
+    driver: MemoryJobDriver, clock: FrozenClock, store: MemoryOutboxStore
+) -> None:
+    await store.stage(request(1))
+    flaky = FlakyDriver(driver)
+    flaky.fail = 10_000
+    relay = relay_of(store, flaky, clock)
+    relay.start()
+    await run_clock(clock, 60)
+    await relay.stop()
+    tries = 10_000 - flaky.fail
+    assert tries < 40  # backing off to the idle ceiling, not one try every 200 ms (300 a minute)

@@ -208,7 +208,7 @@ class OutboxRelay:
                 published = await self.run_once()
             except Exception as exc:
                 log_event(logging.ERROR, "jobs.outbox.tick-failed", relay=self.id, error=repr(exc))
-                published = -1
+                published = 0  # a failing store or driver gets the idle back-off, not a hot loop
             if published == self._batch:
                 wait = 0.0  # a full batch: more is likely waiting
             elif published:
