@@ -576,3 +576,37 @@ async def test_a_worker_cannot_be_started_twice(
     async with worker:
         with pytest.raises(InvariantError):
             await worker.start()
+
+
+async def test_a_metrics_hook_that_throws_neither_ends_the_claim_loop_nor_goes_unlogged(
+    driver: MemoryJobDriver, clock: FrozenClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from ultimat3.jobs.core import JobMetrics
+
+    class BrokenMetrics(JobMetrics):
+        def settled(self, queue: str, outcome: Any, count: int = 1) -> None:
+            raise RuntimeError("exporter down")
+
+    ran: list[int] = []
+
+    async def body(*, input: Item) -> None:
+        ran.append(input.n)
+
+    handle = item_job(body, name="worker-broken-metrics")
+    with caplog.at_level(logging.ERROR, logger="ultimat3.jobs"):
+        async with job_worker(
+            driver=driver,
+            context=lambda: None,
+            jobs=[handle],
+            clock=clock,
+            metrics=BrokenMetrics(registry=CollectorRegistry()),
+        ):
+            await handle.enqueue(Item(1))
+            await until(lambda: ran == [1])
+            await run_clock(clock, 5)
+            await handle.enqueue(Item(2))
+            await run_clock(clock, 5)
+            await until(lambda: ran == [1, 2])
+    assert [r for r in caplog.records if getattr(r, "event", "") == "jobs.worker.tick-failed"]

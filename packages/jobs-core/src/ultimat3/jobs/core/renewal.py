@@ -24,11 +24,13 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+import logging
 from datetime import datetime, timedelta
 from typing import Protocol
 
 from .clock import Clock
 from .lifecycle import Wakeup
+from .logs import log_event
 
 __all__ = ["Renewable", "Renewal", "RenewalLoop"]
 
@@ -114,10 +116,13 @@ class RenewalLoop:
             now = self._clock.now()
             while self._heap and self._heap[0][0] <= now:
                 _, _, entry = heapq.heappop(self._heap)
-                if entry.active:
-                    self._visit(entry, now)
-                else:
+                if not entry.active:
                     self._cancelled = max(0, self._cancelled - 1)
+                    continue
+                try:
+                    self._visit(entry, now)
+                except Exception as exc:  # one entry's hook throwing must not stop every renewal
+                    log_event(logging.ERROR, "jobs.renewal.visit-failed", error=repr(exc))
             wait = (self._heap[0][0] - now).total_seconds() if self._heap else None
             await self._wakeup.wait(self._clock, wait)
 

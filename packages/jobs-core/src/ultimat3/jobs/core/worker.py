@@ -528,22 +528,26 @@ class JobWorker:
     async def _claim_loop(self) -> None:
         idle_wait = self._poll
         while self._accepting:
-            self._flush_tally()
-            began = self._clock.now()
-            free = self._free()
-            claimed = 0
-            if free:
-                claimed = await self._claim(free)
-            if claimed:
-                wait: float | None = self._poll
-                idle_wait = self._poll
-            elif free:
-                wait = idle_wait
-                idle_wait = min(idle_wait * 2, max(self._idle_ceiling(), self._poll))
-            else:
-                wait = None  # full: a slot coming free rings
-            if free:
-                wait = self._until_reminder(wait, began)
+            wait: float | None
+            try:
+                self._flush_tally()
+                began = self._clock.now()
+                free = self._free()
+                claimed = 0
+                if free:
+                    claimed = await self._claim(free)
+                if claimed:
+                    wait = idle_wait = self._poll
+                elif free:
+                    wait = idle_wait
+                    idle_wait = min(idle_wait * 2, max(self._idle_ceiling(), self._poll))
+                else:
+                    wait = None  # full: a slot coming free rings
+                if free:
+                    wait = self._until_reminder(wait, began)
+            except Exception as exc:  # a hook (metrics, limits) that throws must not end the loop
+                log_event(logging.ERROR, "jobs.worker.tick-failed", worker=self.id, error=repr(exc))
+                wait = idle_wait = max(self._idle_ceiling(), self._poll)
             now = self._clock.now()
             self._sleep_until = None if wait is None else now + timedelta(seconds=wait)
             if await self._wakeup.wait(self._clock, wait):
