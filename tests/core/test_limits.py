@@ -9,7 +9,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from support.eventually import run_clock, until
+from support.eventually import run_clock, settle, until
 
 from ultimat3.jobs.core import (
     FrozenClock,
@@ -222,3 +222,35 @@ async def test_workers_handed_one_process_limits_share_one_budget(
     for worker in workers:
         await worker.stop()
     assert sum(worker.stats.completed for worker in workers) == 8
+
+
+async def test_workers_sharing_process_limits_wake_when_the_other_frees_the_place(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    release = asyncio.Event()
+    ran: list[str] = []
+
+    async def on_a(*, input: Any) -> None:
+        ran.append("a")
+
+    async def on_b(*, input: Any) -> None:
+        await release.wait()
+        ran.append("b")
+
+    a_job = job(
+        input=dict, idempotency_key=lambda i: "a", tenant="none", queue="a", name="shared-a"
+    )(on_a)
+    b_job = job(
+        input=dict, idempotency_key=lambda i: "b", tenant="none", queue="b", name="shared-b"
+    )(on_b)
+    shared = ProcessLimits(LimitConfig(global_=1), clock)
+    a = job_worker(driver=driver, context=lambda: None, jobs=[a_job], limits=shared, clock=clock)
+    b = job_worker(driver=driver, context=lambda: None, jobs=[b_job], limits=shared, clock=clock)
+    async with a, b:
+        await b_job.enqueue({})
+        await until(lambda: shared.room({"a": 1}) == {})
+        await a_job.enqueue({})  # A is rung and finds no room: B holds the only place
+        await settle()
+        release.set()  # B's run ends: the place is free, but only B is rung
+        await run_clock(clock, 10)
+        await until(lambda: ran == ["b", "a"])

@@ -515,6 +515,9 @@ class JobWorker:
             return WOKEN_IDLE_POLL_CEILING_S
         return IDLE_POLL_CEILING_S
 
+    def _has_a_free_slot(self) -> bool:
+        return any(slots > self._busy[queue] for queue, slots in self._slots.items())
+
     def _free(self) -> dict[str, int]:
         free = {
             queue: slots - self._busy[queue]
@@ -538,7 +541,9 @@ class JobWorker:
                     claimed = await self._claim(free)
                 if claimed:
                     wait = idle_wait = self._poll
-                elif free:
+                elif free or self._has_a_free_slot():
+                    # Nothing due, or the process limits left no room: a limit shared with
+                    # another worker frees on ITS ring, not ours, so poll with the back-off.
                     wait = idle_wait
                     idle_wait = min(idle_wait * 2, max(self._idle_ceiling(), self._poll))
                 else:
