@@ -508,3 +508,32 @@ async def test_a_drained_attempt_is_presented_again_under_the_same_number(
     await running
     await drain(driver, clock, handle)
     assert seen == [(1, True), (1, True)]
+
+
+async def test_a_sync_body_reports_progress_from_its_thread(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    def crunch(*, input: Ping, progress: Any) -> str:
+        for done in range(3):
+            progress(done, 3)
+        return "crunched"
+
+    handle = ping_job(crunch)
+    queued = await handle.enqueue(Ping("sync-progress"))
+    execution = await execute_job(await claim_one(driver), driver=driver, handle=handle)
+    assert (execution.outcome, execution.result) == ("completed", "crunched")
+    assert (await row(driver, queued.id)).progress == Progress(done=2, total=3)
+
+
+async def test_a_wait_for_event_times_out_on_the_memory_drivers_frozen_clock(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    async def waits(*, input: Ping, step: Step) -> Any:
+        return await step.wait_for_event("answer", "never.published", timeout="1m")
+
+    handle = ping_job(waits)
+    await handle.enqueue(Ping("event-clock"))
+    executions = await drain(driver, clock, handle)
+    # parked on the 30 s event poll, then at the 1-minute deadline: timed out, answering None
+    assert [e.outcome for e in executions] == ["suspended", "suspended", "completed"]
+    assert executions[-1].result is None

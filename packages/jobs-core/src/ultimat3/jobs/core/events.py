@@ -108,4 +108,6 @@ def reset_event_bus() -> None:
 
 
 async def publish_event(event: str, payload: JsonValue, *, ttl: float | None = None) -> EventRecord:
+    """Publish on the installed bus (see ``event_bus``). A run waits on its worker's ``events``,
+    else its driver's, else this same bus: with a driver installed they are one bus."""
     return await event_bus().publish(event, payload, ttl=ttl)

@@ -351,7 +351,7 @@ class _Attempt:
                 steps=claimed.steps,
                 signal=self.signal,
                 clock=self.clock,
-                events=self.events or event_bus(),
+                events=self.events or self.driver.events or event_bus(),
                 step_timeout=self.handle.step_timeout_s,
                 event_poll=self.handle.event_poll_s,
             )
@@ -702,11 +702,23 @@ class _ProgressReporter:
         self._written: Progress | None = None
         self._last_write: datetime | None = None
         self._pending: set[asyncio.Task[bool]] = set()
+        self._loop = asyncio.get_running_loop()
 
     def __call__(self, done: float, total: float | None = None, note: str | None = None) -> None:
         if self._signal.aborted:
             raise JobAbortedError("progress reported after the attempt was aborted")
-        self.latest = Progress(done=done, total=total, note=note)
+        progress = Progress(done=done, total=total, note=note)
+        try:
+            on_the_loop = asyncio.get_running_loop() is self._loop
+        except RuntimeError:  # a sync body reports from its thread
+            on_the_loop = False
+        if on_the_loop:
+            self._report(progress)
+        else:
+            self._loop.call_soon_threadsafe(self._report, progress)
+
+    def _report(self, progress: Progress) -> None:
+        self.latest = progress
         now = self._clock.now()
         due = self._last_write is None or (now - self._last_write).total_seconds() >= (
             PROGRESS_INTERVAL_S

@@ -11,6 +11,7 @@ from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime, timedelta
 
 from ..clock import SYSTEM_CLOCK, Clock
+from ..events import MemoryEventBus
 from ..ids import new_id
 from ..model import (
     LEASE_LAPSED_FINAL_ATTEMPT,
@@ -26,7 +27,7 @@ from ..model import (
     StepRecord,
 )
 from ..nack import nack_counter, nack_state
-from ..protocol import ClaimBatch, EventBus
+from ..protocol import ClaimBatch
 from .backfills import MemoryBackfillLedger
 from .introspect import MemoryIntrospection
 from .leases import MemoryLeaseStore
@@ -43,6 +44,7 @@ class MemoryJobDriver:
         self._introspect = MemoryIntrospection(self._state)
         self._leases = MemoryLeaseStore(clock)
         self._backfills = MemoryBackfillLedger(clock)
+        self._events = MemoryEventBus(clock)
 
     @property
     def clock(self) -> Clock:
@@ -61,8 +63,9 @@ class MemoryJobDriver:
         return self._backfills
 
     @property
-    def events(self) -> EventBus | None:
-        return None
+    def events(self) -> MemoryEventBus:
+        """Events on this driver's clock: a frozen clock drives ``wait_for_event`` timeouts."""
+        return self._events
 
     def __repr__(self) -> str:
         return f"MemoryJobDriver(rows={len(self._state.rows)})"
