@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from ultimat3.jobs.core import AckOptions, EnqueueRequest, FrozenClock, JobState
-from ultimat3.jobs.core.errors import DriverUnavailableError
+from ultimat3.jobs.core.errors import DriverUnavailableError, InvariantError
 from ultimat3.jobs.redis import RedisJobDriver, redis_job_driver, scripts
 from ultimat3.jobs.redis.cli import driver_from_url
 
@@ -104,6 +104,56 @@ def test_a_driver_without_a_url_reads_redis_url(monkeypatch: pytest.MonkeyPatch)
 async def test_a_negative_done_ttl_is_refused(redis_url: str) -> None:
     with pytest.raises(Exception, match="negative"):
         redis_job_driver(url=redis_url, done_ttl=-1)
+
+
+async def test_a_command_timeout_that_is_not_positive_is_refused(redis_url: str) -> None:
+    with pytest.raises(InvariantError, match="command_timeout"):
+        redis_job_driver(url=redis_url, command_timeout=0)
+
+
+async def test_a_claim_that_cannot_fill_its_slots_buries_every_lapsed_final_attempt(
+    driver: RedisJobDriver, clock: FrozenClock, new_request: RequestBuilder
+) -> None:
+    # More lapsed rows than one read takes (1,000 + the free slots): the claim reads on.
+    await driver.enqueue_many([new_request(max_attempts=1) for _ in range(1_100)])
+    await driver.claim(worker_id="w", slots={"q": 1_100}, visibility_timeout=30)
+    clock.advance(31)
+    batch = await driver.claim(worker_id="w", slots={"q": 5}, visibility_timeout=30)
+    assert (len(batch.jobs), len(batch.exhausted)) == (0, 1_100)
+
+
+_MEMBERS = [(1, "a"), (1, "b"), (1, "m"), (1, "é"), (2, "c"), (2, "z"), (3, "k")]
+
+
+def _after(position: tuple[int, str], direction: str) -> list[str]:
+    """What a page from ``position`` holds, worked out here: (score, member bytes) order."""
+
+    def key(entry: tuple[int, str]) -> tuple[int, bytes]:
+        return entry[0], entry[1].encode()
+
+    if direction == "asc":
+        return [m for s, m in sorted(_MEMBERS, key=key) if key((s, m)) > key(position)]
+    return [m for s, m in sorted(_MEMBERS, key=key, reverse=True) if key((s, m)) < key(position)]
+
+
+async def test_a_page_starts_right_after_any_position_reading_only(
+    driver: RedisJobDriver,
+) -> None:
+    """Positions that are members, that are not, and that sit between scores; the script runs
+    as read-only (EVALSHA_RO), which refuses any write."""
+    await driver.stats()  # every script loaded
+    ns = driver.namespace
+    key = ns.key("page-probe")
+    await driver.client.zadd(key, {member: score for score, member in _MEMBERS})
+    page = scripts.script("page")
+    for score in range(5):
+        for member in ("", "a", "b", "c", "m", "z", "é", "ö"):
+            for direction in ("asc", "desc"):
+                flat = await driver.client.evalsha_ro(
+                    page.sha, 2, ns.base, key, "0", "0", "0", direction, str(score), member, "3"
+                )
+                expected = _after((score, member), direction)[:3]
+                assert flat[::2] == expected, (score, member, direction)
 
 
 async def test_times_round_trip_to_the_microsecond(

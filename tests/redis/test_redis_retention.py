@@ -3,6 +3,7 @@ stays bounded (no per-job key outlives its row, no index keeps an entry for a ro
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from datetime import timedelta
 
@@ -18,6 +19,7 @@ from ultimat3.jobs.core import (
     StepRecord,
 )
 from ultimat3.jobs.redis import RedisJobDriver, redis_job_driver
+from ultimat3.jobs.redis.codec import to_us
 
 RequestBuilder = Callable[..., EnqueueRequest]
 
@@ -55,25 +57,58 @@ async def test_a_done_row_and_its_steps_expire_after_done_ttl_on_the_drivers_clo
     assert await driver.stats() == []
 
 
-async def test_a_done_row_carries_a_server_ttl_as_backstop(
+async def test_no_row_key_carries_a_server_ttl(
     driver: RedisJobDriver, new_request: RequestBuilder
 ) -> None:
     job_id = await _done(driver, new_request)
     detail = await driver.introspect.get(job_id)
     assert detail is not None
-    row_ttl = await driver.client.pttl(driver.namespace.key(f"job:{job_id}"))
-    steps_ttl = await driver.client.pttl(driver.namespace.key(f"steps:{detail.row.run_id}"))
-    week_ms = 7 * 86_400_000
-    assert week_ms - 60_000 < row_ttl <= week_ms
-    assert week_ms - 60_000 < steps_ttl <= week_ms
+    assert await driver.client.pttl(driver.namespace.key(f"job:{job_id}")) == -1
+    assert await driver.client.pttl(driver.namespace.key(f"steps:{detail.row.run_id}")) == -1
 
 
-async def test_a_requeued_done_row_loses_its_ttl(
-    driver: RedisJobDriver, new_request: RequestBuilder
+async def test_a_requeued_done_row_is_never_swept(
+    driver: RedisJobDriver, clock: FrozenClock, new_request: RequestBuilder
 ) -> None:
     job_id = await _done(driver, new_request)
     await driver.introspect.requeue(job_id)
-    assert await driver.client.pttl(driver.namespace.key(f"job:{job_id}")) == -1
+    clock.advance(8 * DAY)
+    (job,) = (await driver.claim(worker_id="w", slots={"q": 1}, visibility_timeout=30)).jobs
+    assert job.id == job_id
+
+
+async def test_an_id_enqueued_again_after_its_row_expired_is_a_new_row(
+    driver: RedisJobDriver, clock: FrozenClock, new_request: RequestBuilder
+) -> None:
+    again = new_request()
+    await driver.enqueue(again)
+    (job,) = (await driver.claim(worker_id="w", slots={"q": 1}, visibility_timeout=30)).jobs
+    assert await driver.ack(job.id, AckOptions(job.claim.worker_id, job.claim.claim))
+    clock.advance(8 * DAY)
+    await driver.claim(worker_id="w", slots={"q": 1}, visibility_timeout=30)
+    assert not (await driver.enqueue(again)).deduped
+    (rerun,) = (await driver.claim(worker_id="w", slots={"q": 1}, visibility_timeout=30)).jobs
+    assert rerun.id == again.id
+    assert await driver.ack(rerun.id, AckOptions(rerun.claim.worker_id, rerun.claim.claim))
+
+
+async def test_the_sweep_leaves_whole_a_row_enqueued_under_the_id_of_a_vanished_one(
+    driver: RedisJobDriver, clock: FrozenClock, new_request: RequestBuilder
+) -> None:
+    again = new_request()
+    await driver.enqueue(again)
+    (job,) = (await driver.claim(worker_id="w", slots={"q": 1}, visibility_timeout=30)).jobs
+    assert await driver.ack(job.id, AckOptions(job.claim.worker_id, job.claim.claim))
+    # The row's hash goes behind the driver's back (an eviction, a stray DEL); the id comes back.
+    await driver.client.delete(driver.namespace.key(f"job:{again.id}"))
+    assert not (await driver.enqueue(again)).deduped
+    clock.advance(8 * DAY)
+    (rerun,) = (await driver.claim(worker_id="w", slots={"q": 1}, visibility_timeout=30)).jobs
+    assert rerun.id == again.id
+    (stats,) = await driver.stats()
+    assert (stats.running, stats.done) == (1, 0)
+    assert await driver.ack(rerun.id, AckOptions(rerun.claim.worker_id, rerun.claim.claim))
+    assert (await driver.introspect.get(again.id)) is not None
 
 
 async def test_done_ttl_zero_keeps_done_rows(
@@ -124,20 +159,43 @@ async def test_expired_rows_leave_no_key_and_no_index_entry_behind(
     assert {key.removeprefix(driver.namespace.base) for key in left} <= {"ctr:job", "ctrnames"}
 
 
-async def test_a_row_whose_backstop_fired_first_is_still_swept_cleanly(
+async def test_a_row_whose_hash_vanished_is_still_swept_cleanly(
     driver: RedisJobDriver, clock: FrozenClock, new_request: RequestBuilder
 ) -> None:
     job_id = await _done(driver, new_request)
     detail = await driver.introspect.get(job_id)
     assert detail is not None
-    await driver.client.delete(
-        driver.namespace.key(f"job:{job_id}"), driver.namespace.key(f"steps:{detail.row.run_id}")
-    )
+    await driver.client.delete(driver.namespace.key(f"job:{job_id}"))
     clock.advance(8 * DAY)
     await driver.claim(worker_id="w", slots={"q": 1}, visibility_timeout=30)
     left = {k.removeprefix(driver.namespace.base) for k in await _keys(driver)}
     assert left <= {"ctr:job", "ctrnames"}
     assert not await driver.client.hexists(driver.namespace.key("runs"), detail.row.run_id)
+
+
+async def test_a_queue_nobody_claims_from_still_loses_its_expired_done_rows(
+    driver: RedisJobDriver, clock: FrozenClock, new_request: RequestBuilder
+) -> None:
+    job_id = await _done(driver, new_request)
+    clock.advance(8 * DAY)
+    # Claims on another queue (holding no row, so "q" is the only queue to pick) sweep it too.
+    await driver.claim(worker_id="w", slots={"elsewhere": 1}, visibility_timeout=30)
+    assert await driver.introspect.get(job_id) is None
+    assert await driver.stats() == []
+
+
+async def test_a_settle_sweeps_at_least_two_expired_rows_for_each_row_it_settles(
+    driver: RedisJobDriver, clock: FrozenClock, new_request: RequestBuilder
+) -> None:
+    await driver.enqueue_many([new_request() for _ in range(500)])
+    batch = await driver.claim(worker_id="w", slots={"q": 500}, visibility_timeout=30)
+    await asyncio.gather(*(driver.ack(j.id, AckOptions("w", j.claim.claim)) for j in batch.jobs))
+    await driver.enqueue_many([new_request() for _ in range(250)])
+    batch = await driver.claim(worker_id="w", slots={"q": 250}, visibility_timeout=30)
+    clock.advance(8 * DAY)
+    await asyncio.gather(*(driver.ack(j.id, AckOptions("w", j.claim.claim)) for j in batch.jobs))
+    (stats,) = await driver.stats()
+    assert stats.done == 250
 
 
 async def test_counter_buckets_fold_and_age_out_so_a_name_holds_a_bounded_hash(
@@ -157,6 +215,21 @@ async def test_expired_events_leave_nothing_once_purged(driver: RedisJobDriver) 
     await driver.events.publish("e", {"n": 1}, ttl=0)
     assert await driver.events.purge_expired() == 1
     assert await _keys(driver) == before
+
+
+async def test_a_publish_purges_events_that_expired_over_a_minute_ago(
+    driver: RedisJobDriver,
+) -> None:
+    ns = driver.namespace
+    stale = to_us(await driver.events.now() - timedelta(minutes=2))
+    for n in range(3):
+        event_id = f"stale-{n}"
+        await driver.client.zadd(ns.key("evby:e"), {event_id: stale})
+        await driver.client.zadd(ns.key("evexpiry"), {f"{len(event_id)}:{event_id}e": stale})
+    await driver.events.publish("e", {"n": 1}, ttl=0)  # expired, but only just: kept a minute
+    await driver.events.publish("e", {"n": 2}, ttl=60)
+    assert await driver.client.zcard(ns.key("evby:e")) == 2
+    assert await driver.client.zcard(ns.key("evexpiry")) == 2
 
 
 async def test_an_abandoned_lease_key_carries_a_server_ttl(driver: RedisJobDriver) -> None:

@@ -9,7 +9,7 @@ wake = start_queue_wake(driver)          # in the worker process
 """
 
 from .backfills import RedisBackfillLedger
-from .driver import DEFAULT_DONE_TTL, RedisJobDriver, redis_job_driver
+from .driver import DEFAULT_COMMAND_TIMEOUT, DEFAULT_DONE_TTL, RedisJobDriver, redis_job_driver
 from .events import RedisEventBus
 from .introspect import RedisIntrospection
 from .keys import DEFAULT_PREFIX, hash_slot
@@ -22,6 +22,7 @@ from .scheduler import (
 from .wake import RedisQueueWake, start_queue_wake
 
 __all__ = [
+    "DEFAULT_COMMAND_TIMEOUT",
     "DEFAULT_DONE_TTL",
     "DEFAULT_PREFIX",
     "RedisBackfillLedger",

@@ -12,6 +12,7 @@ the driver in tests exactly as it drives the memory driver. Done rows and their 
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Collection, Mapping, Sequence
 from datetime import timedelta
@@ -53,8 +54,9 @@ from .introspect import RedisIntrospection
 from .keys import DEFAULT_PREFIX, namespace_base
 from .leases import RedisLeaseStore
 from .namespace import Namespace, RedisClient
+from .wire import DEFAULT_COMMAND_TIMEOUT
 
-__all__ = ["DEFAULT_DONE_TTL", "RedisJobDriver", "redis_job_driver"]
+__all__ = ["DEFAULT_COMMAND_TIMEOUT", "DEFAULT_DONE_TTL", "RedisJobDriver", "redis_job_driver"]
 
 DEFAULT_DONE_TTL = timedelta(days=7)
 _ENQUEUE_CHUNK = 500
@@ -86,6 +88,7 @@ class RedisJobDriver:
         prefix: str = DEFAULT_PREFIX,
         clock: Clock = SYSTEM_CLOCK,
         done_ttl: Duration = DEFAULT_DONE_TTL,
+        command_timeout: float = DEFAULT_COMMAND_TIMEOUT,
         owns_client: bool = False,
     ) -> None:
         ttl = parse_duration(done_ttl, field="done_ttl")
@@ -94,8 +97,20 @@ class RedisJobDriver:
                 f"done_ttl={done_ttl!r} is negative; pass a duration, or 0 to keep done rows",
                 meta={"done_ttl": ttl},
             )
+        if not command_timeout > 0:
+            raise InvariantError(
+                f"command_timeout={command_timeout!r} must be a positive number of seconds "
+                f"(default {DEFAULT_COMMAND_TIMEOUT:g})",
+                meta={"command_timeout": command_timeout},
+            )
         _require_text_responses(client)
-        self._ns = Namespace(client, base=namespace_base(prefix), clock=clock, done_ttl_s=ttl)
+        self._ns = Namespace(
+            client,
+            base=namespace_base(prefix),
+            clock=clock,
+            done_ttl_s=ttl,
+            command_timeout=command_timeout,
+        )
         self._owns_client = owns_client
         self.prefix = prefix
         self._settles: Coalescer[_Settle, bool] = Coalescer(
@@ -289,15 +304,26 @@ def redis_job_driver(
     prefix: str = DEFAULT_PREFIX,
     clock: Clock = SYSTEM_CLOCK,
     done_ttl: Duration = DEFAULT_DONE_TTL,
+    command_timeout: float = DEFAULT_COMMAND_TIMEOUT,
     **client_options: Any,
 ) -> RedisJobDriver:
     """A driver on Redis: the ``client`` given, else one for ``url``, else for ``REDIS_URL``.
 
     ``prefix`` names the namespace (every key is ``{prefix}:…``); ``done_ttl`` is how long a done
-    row and its steps are kept (0 keeps them). A client the driver built is closed by ``close()``.
+    row and its steps are kept (0 keeps them); ``command_timeout`` is how many seconds a reply on
+    the driver's own connection may take before that connection counts as broken (the calls
+    waiting on it fail with ``ConnectionError``). A client the driver built is closed by
+    ``close()``.
     """
+    build = functools.partial(
+        RedisJobDriver,
+        prefix=prefix,
+        clock=clock,
+        done_ttl=done_ttl,
+        command_timeout=command_timeout,
+    )
     if client is not None:
-        return RedisJobDriver(client, prefix=prefix, clock=clock, done_ttl=done_ttl)
+        return build(client)
     target = url or os.environ.get("REDIS_URL")
     if not target:
         raise DriverUnavailableError(
@@ -305,4 +331,4 @@ def redis_job_driver(
             "(e.g. REDIS_URL=redis://127.0.0.1:6379/0)"
         )
     built = Redis.from_url(target, decode_responses=True, **client_options)
-    return RedisJobDriver(built, prefix=prefix, clock=clock, done_ttl=done_ttl, owns_client=True)
+    return build(built, owns_client=True)

@@ -28,12 +28,20 @@ _MINUTE = COUNTER_TIERS[0][0]
 
 
 class Namespace:
-    def __init__(self, client: RedisClient, *, base: str, clock: Clock, done_ttl_s: float) -> None:
+    def __init__(
+        self,
+        client: RedisClient,
+        *,
+        base: str,
+        clock: Clock,
+        done_ttl_s: float,
+        command_timeout: float,
+    ) -> None:
         self.client = client
         self.base = base
         self.clock = clock
         self._done_ttl_us = str(round(done_ttl_s * 1_000_000))
-        self._run = ScriptRunner(client)
+        self._run = ScriptRunner(client, command_timeout=command_timeout)
 
     def key(self, suffix: str) -> str:
         return self.base + suffix

@@ -5,7 +5,14 @@ operator reads (``Script.source`` is the exact text loaded, runnable with ``redi
 Only the parts a script names are prepended, transitively: Lua builds every function of a chunk
 each time the script runs, and the whole prelude cost ~9 us a call (measured, Redis 7.0) where an
 enqueue's own work is about as much. A server that lost its script cache (a restart, ``SCRIPT
-FLUSH``) answers NOSCRIPT; the call then loads every script again and retries once.
+FLUSH``) answers NOSCRIPT; the call then loads every script again and retries once (a script
+refused with NOSCRIPT never ran).
+
+A call whose connection broke after its command was written is repeated only when the script is
+in ``REPEATABLE``: a second run there answers what the first would have. Any other script may
+have run, so its caller gets the ``ConnectionError`` — repeating it would lie: an enqueue would
+answer ``deduped`` for its own insert, a settle False for one that landed, and a claim would
+leave the first run's rows running with no worker (a final attempt then buried, never run).
 """
 
 from __future__ import annotations
@@ -23,9 +30,9 @@ from redis.asyncio import Redis, RedisCluster
 from redis.exceptions import ConnectionError, NoScriptError
 from ultimat3.jobs.core.logs import log_event
 
-from .wire import Wire
+from .wire import DEFAULT_COMMAND_TIMEOUT, Wire
 
-__all__ = ["SCRIPT_NAMES", "Script", "ScriptRunner", "script"]
+__all__ = ["REPEATABLE", "SCRIPT_NAMES", "Script", "ScriptRunner", "script"]
 
 SCRIPT_NAMES = (
     "enqueue",
@@ -52,6 +59,25 @@ SCRIPT_NAMES = (
     "events",
     "scheduler",
 )
+
+REPEATABLE = frozenset(
+    {
+        # reading only
+        "stats",
+        "page",
+        "get",
+        # writing what a second run writes again, answering the same
+        "heartbeat",  # the same lease_until, still owned
+        "save_step",  # the same step value, still owned
+        "progress",
+        "workers",  # drops expired registry rows, then reads
+        "record_worker",
+        "lease",  # a holder that got its slot keeps it; release and renew are idempotent
+        "task_fire",
+        "backfill",  # begin adopts the row the first run opened
+    }
+)
+"""Scripts a broken connection may call again without changing what their caller is told."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,24 +158,32 @@ class ScriptRunner:
     """Calls scripts by SHA, loading them all the first time and after a NOSCRIPT.
 
     On a plain ``redis.asyncio.Redis`` the calls travel on the driver's pipelined connection
-    (``wire.py``); on any other client (a ``RedisCluster`` routes each call by its first key, all
-    of one slot) through the client's own ``evalsha``.
+    (``wire.py``, with ``command_timeout`` as its deadline); on any other client (a
+    ``RedisCluster`` routes each call by its first key, all of one slot) through the client's own
+    ``evalsha``, under that client's own timeouts and retry policy.
     """
 
-    def __init__(self, client: Redis | RedisCluster) -> None:
+    def __init__(
+        self, client: Redis | RedisCluster, *, command_timeout: float = DEFAULT_COMMAND_TIMEOUT
+    ) -> None:
         self._client = client
-        self._wire = Wire(client) if type(client) is Redis else None
+        self._wire = Wire(client, timeout=command_timeout) if type(client) is Redis else None
         self._loaded = False
 
     async def load(self) -> None:
-        if self._wire is None:
+        scripts = _SCRIPTS.values()
+        if isinstance(self._client, RedisCluster):
+            # A cluster client refuses SCRIPT LOAD in a pipeline; called alone, it loads the
+            # script on every primary, so whichever node owns the namespace's slot has it.
+            await asyncio.gather(*(self._client.script_load(s.source) for s in scripts))
+        elif self._wire is None:
             pipe = self._client.pipeline(transaction=False)
-            for loaded in _SCRIPTS.values():
+            for loaded in scripts:
                 pipe.script_load(loaded.source)
             await pipe.execute()
         else:
-            loads = [["SCRIPT", "LOAD", loaded.source] for loaded in _SCRIPTS.values()]
-            await asyncio.gather(*(self._on_wire(command) for command in loads))
+            loads = (["SCRIPT", "LOAD", loaded.source] for loaded in scripts)
+            await asyncio.gather(*(self._on_wire("load", c, repeatable=True) for c in loads))
         self._loaded = True
 
     async def __call__(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
@@ -166,19 +200,19 @@ class ScriptRunner:
     async def _evalsha(self, loaded: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
         if self._wire is None:
             return await self._client.evalsha(loaded.sha, len(keys), *keys, *args)
-        return await self._on_wire(["EVALSHA", loaded.sha, str(len(keys)), *keys, *args])
+        command = ["EVALSHA", loaded.sha, str(len(keys)), *keys, *args]
+        return await self._on_wire(loaded.name, command, repeatable=loaded.name in REPEATABLE)
 
-    async def _on_wire(self, command: list[str]) -> Any:
+    async def _on_wire(self, name: str, command: list[str], *, repeatable: bool) -> Any:
+        """``command`` on the wire; once more on a fresh connection when the first broke and a
+        repeat is harmless."""
         assert self._wire is not None
         try:
             return await self._wire.call(command)
-        except ConnectionError:
-            # Once more on a fresh connection, as redis-py retries its own commands: the common
-            # case is a command written to a socket the server had already closed (a restart),
-            # which never ran. Had it run, the repeat is benign for every script here: enqueue
-            # and step writes are idempotent, a repeated settle answers False (the worker logs
-            # it as unowned), a repeated claim leaves the first claim's rows to lapse.
-            log_event(logging.INFO, "jobs.redis.reconnected", command=command[0])
+        except ConnectionError as error:
+            if not repeatable:
+                raise
+            log_event(logging.INFO, "jobs.redis.reconnected", script=name, error=str(error))
             return await self._wire.call(command)
 
     async def close(self) -> None:

@@ -3,17 +3,19 @@
 Each call writes its command the moment it is made and waits for its own reply; replies come back
 in the order commands were written, so one reader hands each to its caller. Calls made while
 others are on the wire therefore share round trips without waiting for each other or for a timer
-(auto-pipelining), and a lone call costs one write and one read: no pool checkout, no per-call
-timeout task. Measured here on loopback, Redis 7.0, a trivial script called one at a time: about
-2x the calls per second of ``Redis.evalsha`` (7.5k/s against 3.3k/s on a loaded 2-core machine),
-and ~6x when a hundred tasks call at once.
+(auto-pipelining), and a lone call costs one write and one read: no pool checkout, no task of its
+own. Measured here on loopback, Redis 7.0, a trivial script called one at a time: about 2x the
+calls per second of ``Redis.evalsha`` (7.5k/s against 3.3k/s on a loaded 2-core machine), and ~6x
+when a hundred tasks call at once.
 
 The connection is built from the client's own pool settings (host, port or socket path, TLS,
-credentials, database), through redis-py's connection class, without a socket timeout (so
-``read_response()`` waits for a reply as long as the server takes), and a dead peer is found by
-TCP keepalive or a closed socket. When the connection breaks, every call in flight fails with
-``redis.exceptions.ConnectionError`` (whether the server ran it is unknown, as for any client)
-and the next call dials again.
+credentials, database), through redis-py's connection class. Every dial, write and read owed a
+reply has a deadline, ``command_timeout``: a server that stops answering with the socket open
+breaks the connection after that long instead of holding every call behind it. When the
+connection breaks, every call in flight fails with ``redis.exceptions.ConnectionError`` (whether
+the server ran it is unknown, as for any client) and the next call dials again. A socket the
+server has closed while the wire was idle (a restart, an idle timeout) is noticed before a
+command is written to it: the call dials afresh instead, so that command is not lost.
 """
 
 from __future__ import annotations
@@ -27,8 +29,13 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import ConnectionError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
-__all__ = ["Wire", "pack"]
+__all__ = ["DEFAULT_COMMAND_TIMEOUT", "Wire", "pack"]
+
+DEFAULT_COMMAND_TIMEOUT = 5.0
+"""Seconds a reply may take before the connection counts as broken: far above any script's own
+time (a few milliseconds), short enough that a stalled server is noticed while callers wait."""
 
 
 def pack(args: Sequence[str]) -> bytes:
@@ -43,10 +50,17 @@ def pack(args: Sequence[str]) -> bytes:
 
 
 class Wire:
-    def __init__(self, client: Redis) -> None:
+    def __init__(self, client: Redis, *, timeout: float = DEFAULT_COMMAND_TIMEOUT) -> None:
         pool = client.connection_pool
-        options = {**pool.connection_kwargs, "socket_timeout": None}
+        options = {
+            **pool.connection_kwargs,
+            # The deadline is the wire's own (one timer per read, not redis-py's task per write).
+            "socket_timeout": None,
+            "socket_connect_timeout": pool.connection_kwargs.get("socket_connect_timeout")
+            or timeout,
+        }
         self._connection: AbstractConnection = pool.connection_class(**options)
+        self._timeout = timeout
         self._waiting: collections.deque[asyncio.Future[Any]] = collections.deque()
         """Calls owed a reply by the reader task, in the order their commands were written."""
         self._reader: asyncio.Task[None] | None = None
@@ -58,18 +72,22 @@ class Wire:
 
     async def call(self, args: Sequence[str]) -> Any:
         command = pack(args)
-        if self._stale or not self._connection.is_connected:
+        idle = self._reader is None and not self._alone and not self._waiting
+        if self._stale or not self._connection.is_connected or (idle and self._peer_closed()):
             await self._dial()
         if self._reader is None and not self._alone and not self._waiting:
             return await self._call_alone(command)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._waiting.append(future)
         try:
-            await self._connection.send_packed_command(command, check_health=False)
+            async with asyncio.timeout(self._timeout):
+                await self._connection.send_packed_command(command, check_health=False)
+        except TimeoutError as exc:
+            raise self._broken(self._silence) from exc
         except BaseException as exc:
             # A write that failed or was cancelled half-way leaves the stream unusable: redis-py
             # has closed the connection; every reply still owed is lost with it.
-            self._broken(exc)
+            self._broken(_reason(exc))
             raise
         self._read_on()
         return await future
@@ -80,13 +98,16 @@ class Wire:
         behind it, and the reader takes over their replies once this one has its own."""
         self._alone = True
         try:
-            await self._connection.send_packed_command(command, check_health=False)
-            try:
-                reply: Any = await self._connection.read_response()
-            except ResponseError as error:
-                reply = error
+            async with asyncio.timeout(self._timeout):
+                await self._connection.send_packed_command(command, check_health=False)
+                try:
+                    reply: Any = await self._connection.read_response()
+                except ResponseError as error:
+                    reply = error
+        except TimeoutError as exc:
+            raise self._broken(self._silence) from exc
         except BaseException as exc:
-            self._broken(exc)
+            self._broken(_reason(exc))
             raise
         finally:
             self._alone = False
@@ -94,6 +115,12 @@ class Wire:
         if isinstance(reply, ResponseError):
             raise reply
         return reply
+
+    def _peer_closed(self) -> bool:
+        """Whether the server closed the socket: its end of stream (or a reset) already came in,
+        unread. Checked without waiting, only while nothing is in flight."""
+        stream = self._connection._reader
+        return stream is not None and (stream.at_eof() or stream.exception() is not None)
 
     def _read_on(self) -> None:
         """Start the reader when replies are owed and nobody is reading."""
@@ -104,11 +131,18 @@ class Wire:
         if self._dialing is None:
             self._dialing = asyncio.Lock()
         async with self._dialing:
-            if self._stale:
+            if self._stale or self._peer_closed():
                 await self._connection.disconnect(nowait=True)
                 self._stale = False
             if not self._connection.is_connected:
-                await self._connection.connect()  # type: ignore[no-untyped-call]
+                try:
+                    async with asyncio.timeout(self._timeout):
+                        await self._connection.connect()  # type: ignore[no-untyped-call]
+                except (TimeoutError, RedisTimeoutError) as exc:
+                    await self._connection.disconnect(nowait=True)
+                    raise ConnectionError(
+                        f"could not connect to Redis within command_timeout={self._timeout:g} s"
+                    ) from exc
 
     async def _read(self) -> None:
         """Hand each reply to the oldest waiting call, until none is waiting."""
@@ -117,7 +151,8 @@ class Wire:
         try:
             while self._waiting:
                 try:
-                    reply: Any = await connection.read_response()
+                    async with asyncio.timeout(self._timeout):
+                        reply: Any = await connection.read_response()
                 except ResponseError as error:
                     reply = error
                 future = self._waiting.popleft()
@@ -131,14 +166,18 @@ class Wire:
             # A reader the wire already replaced (or closed) owns nothing any more: only the
             # current one may declare the connection broken.
             if self._reader is me:
-                self._broken(exc)
+                self._broken(self._silence if isinstance(exc, TimeoutError) else _reason(exc))
             if isinstance(exc, asyncio.CancelledError):
                 raise
         finally:
             if self._reader is me:
                 self._reader = None
 
-    def _broken(self, cause: BaseException) -> None:
+    @property
+    def _silence(self) -> str:
+        return f"no reply within command_timeout={self._timeout:g} s"
+
+    def _broken(self, reason: str) -> ConnectionError:
         """Fail every call still owed a reply, and make the next call dial afresh."""
         self._stale = True
         reader, self._reader = self._reader, None
@@ -147,12 +186,17 @@ class Wire:
         waiting, self._waiting = self._waiting, collections.deque()
         for future in waiting:
             if not future.done():
-                future.set_exception(ConnectionError(f"the connection to Redis broke: {cause}"))
+                future.set_exception(ConnectionError(f"the connection to Redis broke: {reason}"))
+        return ConnectionError(f"the connection to Redis broke: {reason}")
 
     async def close(self) -> None:
         reader = self._reader
-        self._broken(ConnectionError("the driver was closed"))
+        self._broken("the driver was closed")
         if reader is not None:
             with contextlib.suppress(asyncio.CancelledError):
                 await reader
         await self._connection.disconnect()
+
+
+def _reason(exc: BaseException) -> str:
+    return str(exc) or type(exc).__name__

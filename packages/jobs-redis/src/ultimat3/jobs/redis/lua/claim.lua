@@ -9,16 +9,21 @@
 -- due now (ready, delayed or suspended with run_at <= now; running rows whose lease lapsed) in
 -- (run_at, id) order each become running with attempt + 1. A lapsed row already at its last
 -- attempt is never handed out: it is buried dead (failed when its name is in drop_exhausted),
--- counted, and reported once. Reads two sorted sets per queue, never a scan: up to `free` due
--- rows, and the lapsed rows — at most LAPSED_LIMIT a call, the longest lapsed first, so a mass
--- lapse (a fleet crash) costs each claim a bounded read; the order above then holds among them.
+-- counted, and reported once. Reads sorted sets, never a scan: up to `free` due rows, and the
+-- lapsed rows a window of LAPSED_LIMIT + free at a time, the longest lapsed first, so a mass
+-- lapse (a fleet crash) costs a claim that fills its slots one bounded read. The order above
+-- holds among the due rows and the lapsed rows of that window. When the slots are not filled,
+-- every row of the window was taken or buried, and the next window is read: a queue that cannot
+-- fill its slots has every lapsed row examined, so each one on its last attempt is buried.
+-- Expired done rows are swept from each queue claimed and from one more queue picked at random
+-- (so a queue nobody claims from any more loses them too).
 local SWEEP_LIMIT = 200
 local LAPSED_LIMIT = 1000
 local worker, base, lease_until, lapsed_error = ARGV[4], ARGV[5], ARGV[6], ARGV[7]
 local nq = tonumber(ARGV[8])
-local drop = {}
+local dropped = {}
 local nd_at = 9 + nq * 2
-for i = 1, tonumber(ARGV[nd_at]) do drop[ARGV[nd_at + i]] = true end
+for i = 1, tonumber(ARGV[nd_at]) do dropped[ARGV[nd_at + i]] = true end
 
 local function before(x, y)
   if x[1] ~= y[1] then return x[1] < y[1] end
@@ -48,46 +53,60 @@ end
 
 local function bury(row)
   local kind = 'dead'
-  if drop[row.name] then kind = 'failed' end
+  if dropped[row.name] then kind = 'failed' end
   move(row, kind, {'error', lapsed_error})
   count(row.name, kind, nil)
   exhausted[#exhausted + 1] = redis.call('HMGET', k_job(row.id), unpack(EXHAUSTED_FIELDS))
 end
+
+-- A row taken here leaves the lapsed range only when its new lease ends after now; a window is
+-- read again from the start only then.
+local pages = tonumber(lease_until) > NOW_N
+local swept = {}
 
 for qi = 0, nq - 1 do
   local q, free = ARGV[9 + qi * 2], tonumber(ARGV[10 + qi * 2])
   if free > 0 and redis.call('SISMEMBER', K_PAUSED, q) == 0 then
     redis.call('DEL', k_woken(q))
     sweep(q, SWEEP_LIMIT)
+    swept[q] = true
     local due = redis.call('ZRANGEBYSCORE', k_due(q), '-inf', NOW, 'WITHSCORES', 'LIMIT', 0, free)
-    local lapsed = {}
-    local lapsed_ids = redis.call('ZRANGEBYSCORE', k_lease(q), '-inf', NOW, 'LIMIT', 0,
-      LAPSED_LIMIT + free)
-    for _, id in ipairs(lapsed_ids) do
-      local row = load(id, CLAIM_MORE)
-      lapsed[#lapsed + 1] = {tonumber(row.run_at), id, row}
-    end
-    table.sort(lapsed, before)
-    local i, j, taken = 1, 1, 0
-    while taken < free do
-      local d, l = nil, lapsed[j]
-      if due[i] then d = {tonumber(due[i + 1]), due[i]} end
-      if not d and not l then break end
-      if l and (not d or before(l, d)) then
-        j = j + 1
-        if l[3].attempt >= l[3].max then
-          bury(l[3])
+    local window = LAPSED_LIMIT + free
+    local i, taken, read = 1, 0, 0
+    repeat
+      local lapsed = {}
+      local lapsed_ids = redis.call('ZRANGEBYSCORE', k_lease(q), '-inf', NOW, 'LIMIT', 0, window)
+      read = #lapsed_ids
+      for _, id in ipairs(lapsed_ids) do
+        local row = load(id, CLAIM_MORE)
+        lapsed[#lapsed + 1] = {tonumber(row.run_at), id, row}
+      end
+      table.sort(lapsed, before)
+      local j = 1
+      while taken < free do
+        local d, l = nil, lapsed[j]
+        if due[i] then d = {tonumber(due[i + 1]), due[i]} end
+        if not d and not l then break end
+        if l and (not d or before(l, d)) then
+          j = j + 1
+          if l[3].attempt >= l[3].max then
+            bury(l[3])
+          else
+            take(l[3])
+            taken = taken + 1
+          end
         else
-          take(l[3])
+          i = i + 2
+          take(load(d[2], CLAIM_MORE))
           taken = taken + 1
         end
-      else
-        i = i + 2
-        take(load(d[2], CLAIM_MORE))
-        taken = taken + 1
       end
-    end
+    until taken >= free or read < window or not pages
   end
+end
+if DONE_TTL > 0 then
+  local other = redis.call('SRANDMEMBER', K_QUEUES)
+  if other and not swept[other] then sweep(other, SWEEP_LIMIT) end
 end
 flush_counts()
 return {claimed, exhausted}

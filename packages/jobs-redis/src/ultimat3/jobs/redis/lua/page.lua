@@ -3,25 +3,31 @@
 -- at the edge. Answers {member, score, member, score, ...}.
 --
 -- The position is a (score, member) pair, not a rank, so a page stays right while the rows
--- before it move or go. A position whose member is not in the set is located by inserting it,
--- reading its rank and taking it out again, inside this one atomic call: O(log n) even when
--- every member shares one score (rows created on a frozen clock).
+-- before it move or go, and it need not be a member any more. It is located by reading only (a
+-- replica or a read-only ACL serves this script too): the members at that score hold the ranks
+-- [ZCOUNT below it, ZCOUNT up to it), in member byte order, and a binary search over those
+-- ranks finds the place. O(log^2 n) even when every member shares one score (rows created on a
+-- frozen clock).
 local key, dir, score, member = KEYS[2], ARGV[4], ARGV[5], ARGV[6]
 local n = tonumber(ARGV[7])
-local rank_cmd, range_cmd = 'ZRANK', 'ZRANGE'
-if dir == 'desc' then rank_cmd, range_cmd = 'ZREVRANK', 'ZREVRANGE' end
-local start = 0
-if score ~= '' then
-  local held = redis.call('ZSCORE', key, member)
-  if held and tonumber(held) == tonumber(score) then
-    start = redis.call(rank_cmd, key, member) + 1
-  else
-    redis.call('ZADD', key, score, member)
-    start = redis.call(rank_cmd, key, member)
-    if held then redis.call('ZADD', key, held, member) else redis.call('ZREM', key, member) end
-    -- A member held at another score sat before the probe once put back: step over it.
-    if held and dir == 'asc' and tonumber(held) < tonumber(score) then start = start + 1 end
-    if held and dir == 'desc' and tonumber(held) > tonumber(score) then start = start + 1 end
+
+-- How many members sort before the position, counting a member at it when `inclusive`.
+local function ranked_before(inclusive)
+  local lo = redis.call('ZCOUNT', key, '-inf', '(' .. score)
+  local hi = redis.call('ZCOUNT', key, '-inf', score)
+  while lo < hi do
+    local mid = math.floor((lo + hi) / 2)
+    local at = redis.call('ZRANGE', key, mid, mid)[1]
+    if bytes_lt(at, member) or (inclusive and at == member) then lo = mid + 1 else hi = mid end
   end
+  return lo
 end
-return redis.call(range_cmd, key, start, start + n - 1, 'WITHSCORES')
+
+if dir == 'asc' then
+  local start = 0
+  if score ~= '' then start = ranked_before(true) end
+  return redis.call('ZRANGE', key, start, start + n - 1, 'WITHSCORES')
+end
+local start = 0
+if score ~= '' then start = redis.call('ZCARD', key) - ranked_before(false) end
+return redis.call('ZREVRANGE', key, start, start + n - 1, 'WITHSCORES')

@@ -100,8 +100,6 @@ local function move(row, to, extra)
   if from == 'running' and to ~= 'running' then redis.call('ZREM', k_lease(q), id) end
   if from == 'done' and to ~= 'done' then
     redis.call('ZREM', k_expiry(q), expiry_member(id, row.run_id))
-    redis.call('PERSIST', jk)
-    redis.call('PERSIST', k_steps(row.run_id))
   end
   -- A live row always holds its own live key: every insert and requeue takes the key only when
   -- no live row holds it.
@@ -123,16 +121,11 @@ local function move(row, to, extra)
     set[#set + 1] = NOW
   end
   redis.call('HSET', jk, unpack(set))
+  -- A done row is removed by `sweep`, on the driver's clock. No key carries a server TTL: the
+  -- server's clock would decide instead, and a hash vanishing on its own would leave its
+  -- indexes behind, under an id that may be enqueued again.
   if to == 'done' and DONE_TTL > 0 then
-    -- The sweep below removes the row on the driver's clock; the key TTL (server time) is the
-    -- backstop that frees the row even if no driver ever touches this queue again. Its steps get
-    -- one too when this row wrote any (`hs`) and no other row shares the run.
-    local ttl_ms = math.floor(DONE_TTL / 1000)
     redis.call('ZADD', k_expiry(q), NOW, expiry_member(id, row.run_id))
-    redis.call('PEXPIRE', jk, ttl_ms)
-    if row.has_steps and tonumber(redis.call('HGET', K_RUNS, row.run_id) or '0') <= 1 then
-      redis.call('PEXPIRE', k_steps(row.run_id), ttl_ms)
-    end
   end
   row.state = to
 end
@@ -140,7 +133,7 @@ end
 -- The row fields `move` and the fences need, or nil when the row does not exist.
 -- `more` (optional) names further fields, read in the same call into row.more in that order.
 local LOAD_FIELDS = {'state', 'queue', 'created', 'lk', 'run_id', 'run_at', 'attempt', 'max', 'name',
-  'worker', 'claim', 'hs'}
+  'worker', 'claim'}
 local function load(id, more)
   local names = LOAD_FIELDS
   if more then
@@ -151,7 +144,7 @@ local function load(id, more)
   if not f[1] then return nil end
   local row = {id = id, state = f[1], queue = f[2], created = f[3], lk = f[4], run_id = f[5],
                run_at = f[6], attempt = tonumber(f[7]), max = tonumber(f[8]), name = f[9],
-               worker = f[10], claim = f[11], has_steps = f[12]}
+               worker = f[10], claim = f[11]}
   if more then row.more = {unpack(f, #LOAD_FIELDS + 1, #names)} end
   return row
 end
@@ -193,8 +186,12 @@ local function drop(row)
 end
 
 -- Remove up to `limit` done rows of queue `q` whose TTL passed on the driver's clock. Called by
--- every claim and settle that touches the queue, so expired rows go at least as fast as new
--- ones finish; a row whose hash the backstop TTL already removed is swept the same way.
+-- every claim and settle that touches the queue (a settle sweeps two rows for each it settles,
+-- so removal keeps pace with completion), and by each claim for one more queue picked at random.
+-- An expiry entry names a row AND its run; the row goes only while it is still exactly that done
+-- row. Should the id name another row by then (its hash removed behind the driver's back and the
+-- id enqueued again), that row is left whole: only what the vanished row left behind goes (its
+-- entry in the done index, its share of its run).
 local function sweep(q, limit)
   if DONE_TTL <= 0 then return end
   local cutoff = string.format('%d', NOW_N - DONE_TTL)
@@ -202,9 +199,15 @@ local function sweep(q, limit)
   for _, member in ipairs(members) do
     local id, run = expiry_parse(member)
     redis.call('ZREM', k_expiry(q), member)
-    redis.call('ZREM', k_state(q, 'done'), id)
-    redis.call('ZREM', K_CREATED, id)
-    redis.call('DEL', k_job(id))
+    local f = redis.call('HMGET', k_job(id), 'state', 'run_id', 'queue')
+    local done_here = f[1] == 'done' and f[3] == q
+    if not f[1] or (done_here and f[2] == run) then
+      redis.call('ZREM', k_state(q, 'done'), id)
+      redis.call('ZREM', K_CREATED, id)
+      redis.call('DEL', k_job(id))
+    elseif not done_here then
+      redis.call('ZREM', k_state(q, 'done'), id)
+    end
     release_run(run)
   end
   if #members > 0 then forget_queue_if_empty(q) end
@@ -264,7 +267,7 @@ local function insert_row(a)
   redis.call('ZADD', k_state(q, state), NOW, id)
   redis.call('ZADD', K_CREATED, NOW, id)
   redis.call('SADD', K_QUEUES, q)
-  if redis.call('HINCRBY', K_RUNS, run, 1) > 1 then redis.call('PERSIST', k_steps(run)) end
+  redis.call('HINCRBY', K_RUNS, run, 1)
   if tonumber(run_at) - NOW_N <= WAKE_DUE_US
       and redis.call('SET', k_woken(q), '1', 'NX', 'PX', WAKE_HOLD_MS) then
     announce(q)

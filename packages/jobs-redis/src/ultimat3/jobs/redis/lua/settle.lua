@@ -8,7 +8,8 @@
 -- Guarantees (atomic per call): a settle lands only while its row is running under exactly that
 -- worker and claim; then the row moves to its target (an ack: done), the attempt is handed back
 -- when not counted, and the per-job counter moves in this same call. Rows of the settled queues
--- whose done TTL passed are swept.
+-- whose done TTL passed are swept: per queue at least SWEEP_LIMIT, and two for each settle of
+-- that queue, so a busy queue's expired rows go faster than its new ones finish.
 local SWEEP_LIMIT = 200
 local out, queues = {}, {}
 local a = 5
@@ -34,9 +35,9 @@ for _ = 1, tonumber(ARGV[4]) do
     if ARGV[a + 5] ~= '' then count(row.name, ARGV[a + 5], ARGV[a + 6]) end
     out[#out + 1] = 1
   end
-  if row then queues[row.queue] = true end
+  if row then queues[row.queue] = (queues[row.queue] or 0) + 1 end
   if ack then a = a + 5 else a = a + 10 end
 end
 flush_counts()
-for q in pairs(queues) do sweep(q, SWEEP_LIMIT) end
+for q, settled in pairs(queues) do sweep(q, math.max(SWEEP_LIMIT, 2 * settled)) end
 return out
