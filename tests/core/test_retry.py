@@ -131,3 +131,12 @@ def test_a_retryable_code_takes_the_backoff() -> None:
 def test_a_classification_outside_the_three_is_refused() -> None:
     with pytest.raises(JobsError):
         register_error_retry({"X_TEST_ODD": "sometimes"})  # type: ignore[dict-item]
+
+
+def test_a_long_exponential_schedule_without_max_delay_stays_within_a_year() -> None:
+    from ultimat3.jobs.core.retry import MAX_RETRY_DELAY_S, backoff_delay
+
+    retry = Retry(attempts=2000, delay=1, jitter=False)
+    assert backoff_delay(retry, 40) == MAX_RETRY_DELAY_S
+    assert backoff_delay(retry, 1999) == MAX_RETRY_DELAY_S
+    assert failure_verdict(retry, 1500, ValueError("x")).delay_s == MAX_RETRY_DELAY_S

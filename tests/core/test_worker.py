@@ -610,3 +610,53 @@ async def test_a_metrics_hook_that_throws_neither_ends_the_claim_loop_nor_goes_u
             await run_clock(clock, 5)
             await until(lambda: ran == [1, 2])
     assert [r for r in caplog.records if getattr(r, "event", "") == "jobs.worker.tick-failed"]
+
+
+async def test_a_driver_handing_one_claim_token_to_a_whole_batch_runs_every_row(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    """The protocol lets one token serve a batch: the worker tells runs apart by job id too."""
+    import dataclasses
+
+    from ultimat3.jobs.core import ClaimRef
+
+    class OneToken:
+        def __init__(self, inner: MemoryJobDriver) -> None:
+            self.inner = inner
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.inner, name)
+
+        async def claim(self, **options: Any) -> ClaimBatch:
+            batch = await self.inner.claim(**options)
+            if not batch.jobs:
+                return batch
+            token = batch.jobs[0].claim.claim
+            for claimed in batch.jobs:
+                self.inner._state.rows[claimed.id].claim = token
+            return ClaimBatch(
+                jobs=[
+                    dataclasses.replace(c, claim=ClaimRef(c.claim.worker_id, token))
+                    for c in batch.jobs
+                ],
+                exhausted=batch.exhausted,
+            )
+
+    release = asyncio.Event()
+
+    async def held(*, input: Item) -> None:
+        await release.wait()
+
+    handle = item_job(held, name="worker-one-token")
+    for n in (1, 2, 3):
+        await handle.enqueue(Item(n))
+    async with job_worker(
+        driver=OneToken(driver),  # type: ignore[arg-type]
+        context=lambda: None,
+        jobs=[handle],
+        concurrency=3,
+        clock=clock,
+    ) as worker:
+        await until(lambda: len(worker.in_flight) == 3)
+        release.set()
+        await until(lambda: worker.stats.completed == 3)

@@ -18,6 +18,7 @@ from .durations import Duration, parse_duration
 from .errors import InvariantError, JobDeclarationInvalidError
 
 __all__ = [
+    "MAX_RETRY_DELAY_S",
     "Backoff",
     "ErrorRetry",
     "Retry",
@@ -31,6 +32,10 @@ __all__ = [
     "retry_classification",
     "retry_schedule",
 ]
+
+MAX_RETRY_DELAY_S = 365 * 86400.0
+"""The longest any backoff waits when ``max_delay`` sets no bound: a long exponential schedule
+(2**40 s by attempt 41) would otherwise name a time no datetime can hold."""
 
 Backoff: TypeAlias = Literal["exponential", "linear", "fixed"]
 ErrorRetry: TypeAlias = Literal["terminal", "retry-after", "retryable"]
@@ -88,13 +93,13 @@ def backoff_delay(retry: Retry, attempt: int) -> float:
     """Seconds before the retry that follows failed ``attempt`` (1-based), before jitter."""
     base = retry.delay_s
     if retry.backoff == "exponential":
-        delay = base * math.pow(2, attempt - 1)
+        delay = base * math.pow(2, min(attempt - 1, 64))
     elif retry.backoff == "linear":
         delay = base * attempt
     else:
         delay = base
     cap = retry.max_delay_s
-    return min(delay, cap) if cap is not None else delay
+    return min(delay, cap if cap is not None else MAX_RETRY_DELAY_S)
 
 
 def retry_schedule(retry: Retry) -> list[float]:

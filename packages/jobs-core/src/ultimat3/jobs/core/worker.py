@@ -317,7 +317,8 @@ class JobWorker:
 
         self._state: Literal["new", "running", "stopping", "stopped"] = "new"
         self._accepting = False
-        self._runs: dict[str, _Run] = {}
+        self._runs: dict[tuple[str, str], _Run] = {}
+        """Held runs by (job id, claim token): one token may serve a whole claimed batch."""
         """By claim token: the same row re-claimed by this worker is a second run."""
         self._busy = dict.fromkeys(self._slots, 0)
         self._background: set[asyncio.Task[Any]] = set()
@@ -619,7 +620,7 @@ class JobWorker:
         run = _Run(self, claimed, self._route(claimed.name))
         if not self._accepting:
             run.controller.abort(self._drained("claimed as the drain began"))
-        self._runs[claimed.claim.claim] = run
+        self._runs[claimed.id, claimed.claim.claim] = run
         self._busy[claimed.queue] = self._busy.get(claimed.queue, 0) + 1
         run.lease = self._renewals.add(run, now)
         run.task = loop.create_task(self._execute(run))
@@ -657,7 +658,7 @@ class JobWorker:
                 await self._fleet.release(run.held)
             if run.placed and self._limits is not None:
                 self._limits.release(claimed.queue, claimed.tenant_id)
-            del self._runs[claimed.claim.claim]
+            del self._runs[claimed.id, claimed.claim.claim]
             self._free_slot(run, ring=ran)
 
     def _free_slot(self, run: _Run, *, ring: bool = True) -> None:
