@@ -1,15 +1,27 @@
-"""The driver's pipelined connection: many calls in flight, each answered with its own reply."""
+"""The driver's pipelined connection: many calls in flight, each answered with its own reply; a
+deadline on each; and what a call whose connection broke is told.
+
+The faults go through ``Relay``, a TCP relay in this process between the connection and the test
+server, which can swallow every command (a server that stopped answering, the socket open) or
+drop the connection as the next reply comes back (the command ran; its caller never hears).
+"""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError, ResponseError
 
+from ultimat3.jobs.core import AckOptions, EnqueueRequest, FrozenClock, JobState
+from ultimat3.jobs.redis import RedisJobDriver, redis_job_driver
 from ultimat3.jobs.redis.wire import Wire, pack
+
+RequestBuilder = Callable[..., EnqueueRequest]
 
 
 @pytest.fixture
@@ -61,3 +73,174 @@ async def test_a_broken_connection_fails_the_calls_in_flight_and_the_next_call_r
     with pytest.raises(ConnectionError):
         await blocked
     assert await wire.call(["ECHO", "again"]) == "again"
+
+
+# -- faults, through a relay -------------------------------------------------------------------
+
+
+class Relay:
+    def __init__(self, target: str) -> None:
+        self._target = urlsplit(target)
+        self._server: asyncio.Server | None = None
+        self._pairs: set[asyncio.Task[None]] = set()
+        self.silent = False
+        """Commands are swallowed: the server never sees them and nothing comes back."""
+        self._drop_at_reply = False
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._pair, "127.0.0.1", 0)
+
+    @property
+    def url(self) -> str:
+        assert self._server is not None
+        port = self._server.sockets[0].getsockname()[1]
+        user = self._target.netloc.rpartition("@")[0]
+        netloc = f"{user}@127.0.0.1:{port}" if user else f"127.0.0.1:{port}"
+        return urlunsplit(self._target._replace(netloc=netloc))
+
+    def drop_at_next_reply(self) -> None:
+        """The next reply the server sends closes the connection instead of arriving."""
+        self._drop_at_reply = True
+
+    async def _pair(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._pairs.add(task)
+        up_reader, up_writer = await asyncio.open_connection(
+            self._target.hostname, self._target.port or 6379
+        )
+        try:
+            await asyncio.gather(
+                self._pump(reader, up_writer, upstream=True),
+                self._pump(up_reader, writer, upstream=False),
+            )
+        except (ConnectionResetError, BrokenPipeError):
+            pass
+        finally:
+            writer.close()
+            up_writer.close()
+            self._pairs.discard(task)
+
+    async def _pump(
+        self, source: asyncio.StreamReader, sink: asyncio.StreamWriter, *, upstream: bool
+    ) -> None:
+        while data := await source.read(65536):
+            if upstream and self.silent:
+                continue
+            if not upstream and self._drop_at_reply:
+                self._drop_at_reply = False
+                raise ConnectionResetError("the relay dropped the connection")
+            sink.write(data)
+            await sink.drain()
+        sink.close()
+
+    async def close(self) -> None:
+        assert self._server is not None
+        self._server.close()
+        for task in list(self._pairs):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+@pytest.fixture
+async def relay(redis_url: str) -> AsyncIterator[Relay]:
+    started = Relay(redis_url)
+    await started.start()
+    yield started
+    await started.close()
+
+
+@pytest.fixture
+async def relayed(
+    relay: Relay, redis_prefix: str, clock: FrozenClock
+) -> AsyncIterator[RedisJobDriver]:
+    """A driver reaching the server through the relay, its scripts already loaded."""
+    built = redis_job_driver(url=relay.url, prefix=redis_prefix, clock=clock, command_timeout=0.5)
+    await built.stats()
+    yield built
+    relay.silent = False
+    await built.close()
+
+
+async def test_a_server_that_stops_answering_fails_every_call_in_flight_at_the_deadline(
+    relay: Relay,
+) -> None:
+    client = aioredis.Redis.from_url(relay.url, decode_responses=True)
+    wire = Wire(client, timeout=0.3)
+    try:
+        assert await wire.call(["ECHO", "before"]) == "before"
+        relay.silent = True
+        calls = [wire.call(["ECHO", str(i)]) for i in range(3)]
+        results = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 10)
+        assert all(isinstance(r, ConnectionError) for r in results), results
+        assert "command_timeout=0.3" in str(results[0])
+        relay.silent = False
+        assert await wire.call(["ECHO", "after"]) == "after"
+    finally:
+        await wire.close()
+        await client.aclose()
+
+
+async def test_the_driver_gives_its_command_timeout_to_its_connection(
+    relay: Relay, relayed: RedisJobDriver, new_request: RequestBuilder
+) -> None:
+    relay.silent = True
+    with pytest.raises(ConnectionError, match=r"command_timeout=0\.5"):
+        await asyncio.wait_for(relayed.enqueue(new_request()), 10)
+    relay.silent = False
+    assert not (await relayed.enqueue(new_request())).deduped
+
+
+async def test_a_call_after_the_server_closed_an_idle_connection_dials_afresh_first(
+    wire: Wire, client: aioredis.Redis, redis_prefix: str
+) -> None:
+    name = f"{redis_prefix}-idle"
+    assert await wire.call(["CLIENT", "SETNAME", name]) == "OK"
+    (held,) = [c for c in await client.client_list() if c["name"] == name]
+    await client.client_kill_filter(_id=held["id"])
+    await asyncio.sleep(0.2)  # the server's end of stream reaches this process
+    assert await wire.call(["ECHO", "again"]) == "again"
+
+
+async def test_an_enqueue_whose_reply_was_lost_raises_instead_of_answering_deduped(
+    relay: Relay, relayed: RedisJobDriver, new_request: RequestBuilder
+) -> None:
+    request = new_request()
+    relay.drop_at_next_reply()
+    with pytest.raises(ConnectionError):
+        await relayed.enqueue(request)
+    assert (await relayed.enqueue(request)).deduped  # it did land, once
+
+
+async def test_an_ack_whose_reply_was_lost_raises_instead_of_answering_false(
+    relay: Relay, relayed: RedisJobDriver, new_request: RequestBuilder
+) -> None:
+    queued = await relayed.enqueue(new_request())
+    (job,) = (await relayed.claim(worker_id="w", slots={"q": 1}, visibility_timeout=30)).jobs
+    relay.drop_at_next_reply()
+    with pytest.raises(ConnectionError):
+        await relayed.ack(job.id, AckOptions(job.claim.worker_id, job.claim.claim))
+    detail = await relayed.introspect.get(queued.id)
+    assert detail is not None
+    assert detail.row.state is JobState.DONE
+
+
+async def test_a_claim_whose_reply_was_lost_raises_and_claims_nothing_more(
+    relay: Relay, relayed: RedisJobDriver, new_request: RequestBuilder
+) -> None:
+    await relayed.enqueue_many([new_request(), new_request()])
+    relay.drop_at_next_reply()
+    with pytest.raises(ConnectionError):
+        await relayed.claim(worker_id="w", slots={"q": 1}, visibility_timeout=30)
+    (stats,) = await relayed.stats()
+    assert (stats.running, stats.ready) == (1, 1)
+
+
+async def test_a_read_whose_reply_was_lost_is_asked_again(
+    relay: Relay, relayed: RedisJobDriver, new_request: RequestBuilder
+) -> None:
+    await relayed.enqueue(new_request())
+    relay.drop_at_next_reply()
+    (stats,) = await relayed.stats()
+    assert stats.ready == 1
