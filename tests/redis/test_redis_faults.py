@@ -1,16 +1,15 @@
 """Faults against the real server: stale claims, a killed worker, a Redis restart.
 
 The worker tests run ``worker_process.py`` in subprocesses on the real clock (short visibility
-timeouts, generous waits). The restart test stops the local server with SHUTDOWN NOSAVE and
-starts it again with the exact command the workspace uses, and leaves it running whatever
-happens; without persistence the restart erases the whole namespace, which the test checks too.
+timeouts, generous waits). The restart test runs its worker against a server of its own (no
+persistence, a free port) and restarts THAT one; without persistence the restart erases the
+whole namespace, which the test checks too. The shared server is never stopped.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -18,11 +17,8 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import pytest
-import redis as syncredis
-from redis.exceptions import ConnectionError as RedisConnectionError
 
 from ultimat3.jobs.core import (
     AckOptions,
@@ -38,19 +34,6 @@ from ultimat3.jobs.redis import RedisJobDriver, redis_job_driver
 RequestBuilder = Callable[..., EnqueueRequest]
 
 WORKER = Path(__file__).with_name("worker_process.py")
-REDIS_START = [
-    "redis-server",
-    "--daemonize", "yes",
-    "--bind", "127.0.0.1", "-::1",
-    "--port", "6379",
-    "--save", "",
-    "--appendonly", "no",
-    "--dir", "/var/lib/redis",
-    "--logfile", "/var/log/redis/ci.log",
-]  # fmt: skip
-"""The workspace's own command for its Redis (no persistence)."""
-
-
 # -- a stale claim ---------------------------------------------------------------------------
 
 
@@ -192,72 +175,26 @@ async def test_a_job_whose_worker_was_killed_is_delivered_again_after_its_lease_
     await _until_done(live_driver, queued.id)
 
 
-def _local_server(url: str) -> bool:
-    parts = urlsplit(url)
-    return (parts.hostname, parts.port or 6379) == ("127.0.0.1", 6379)
-
-
-def _answers(url: str) -> bool:
-    client = syncredis.Redis.from_url(url, socket_connect_timeout=1)
-    try:
-        return bool(client.ping())
-    except RedisConnectionError:
-        return False
-    finally:
-        client.close()
-
-
-def _wait(predicate: Callable[[], bool], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
-
-
-@pytest.fixture
-def restartable(redis_url: str) -> Iterator[Callable[[], None]]:
-    """Restarts the local server; whatever happens, it is running again when the test ends."""
-    if not _local_server(redis_url) or shutil.which("redis-server") is None:
-        pytest.skip("restarts only the workspace's own local Redis (127.0.0.1:6379)")
-    if not Path("/var/lib/redis").is_dir():
-        pytest.skip("the workspace Redis directory /var/lib/redis is missing")
-
-    def restart() -> None:
-        client = syncredis.Redis.from_url(redis_url)
-        try:
-            client.shutdown(nosave=True)
-        except RedisConnectionError:
-            pass  # the server closes the connection as it goes
-        finally:
-            client.close()
-        assert _wait(lambda: not _answers(redis_url), 10), "the server did not stop"
-        subprocess.run(REDIS_START, check=True)
-        assert _wait(lambda: _answers(redis_url), 10), "the server did not come back"
-
-    try:
-        yield restart
-    finally:
-        if not _answers(redis_url):
-            subprocess.run(REDIS_START, check=False)
-            _wait(lambda: _answers(redis_url), 10)
-
-
 @pytest.mark.slow
 async def test_a_worker_survives_a_redis_restart_and_goes_on(
-    workers: Workers, live_driver: RedisJobDriver, restartable: Callable[[], None]
+    private_redis_url: str, restart_private_redis: Callable[[], None], tmp_path: Path
 ) -> None:
-    worker = workers.start(visibility=5.0)
-    before = await live_driver.enqueue(_fault(live_driver, "before"))
-    assert await workers.started("before", 1) == worker.pid
-    await _until_done(live_driver, before.id)
+    workers = Workers(private_redis_url, "restart", tmp_path / "starts.log")
+    driver = redis_job_driver(url=private_redis_url, prefix="restart")
+    try:
+        worker = workers.start(visibility=5.0)
+        before = await driver.enqueue(_fault(driver, "before"))
+        assert await workers.started("before", 1) == worker.pid
+        await _until_done(driver, before.id)
 
-    await asyncio.to_thread(restartable)
+        await asyncio.to_thread(restart_private_redis)
 
-    # Without persistence the restart erased the namespace: the done row is gone.
-    assert await live_driver.introspect.get(before.id) is None
-    after = await live_driver.enqueue(_fault(live_driver, "after"))
-    assert await workers.started("after", 1) == worker.pid
-    await _until_done(live_driver, after.id)
-    assert worker.poll() is None, "the worker process died with the server"
+        # Without persistence the restart erased the namespace: the done row is gone.
+        assert await driver.introspect.get(before.id) is None
+        after = await driver.enqueue(_fault(driver, "after"))
+        assert await workers.started("after", 1) == worker.pid
+        await _until_done(driver, after.id)
+        assert worker.poll() is None, "the worker process died with the server"
+    finally:
+        workers.stop_all()
+        await driver.close()
