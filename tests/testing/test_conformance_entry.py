@@ -60,7 +60,6 @@ def test_the_readme_wiring_runs_the_suite_as_written(
     assert outcomes["passed"] > 200
     result.stdout.fnmatch_lines(
         [
-            "*the target offers no event bus (neither ConformanceTarget.events nor driver.events)",
             "*the target offers no outbox store (ConformanceTarget.outbox)",
             "*the target offers no scheduler state (ConformanceTarget.scheduler_state)",
             "*the target offers no leader (ConformanceTarget.leader)",

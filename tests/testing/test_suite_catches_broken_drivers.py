@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from ultimat3.jobs.core import (
+    AckOptions,
     BulkFilter,
     BulkResult,
     ClaimRef,
@@ -160,6 +161,16 @@ class ClaimForgetsTheSteps(MemoryJobDriver):
 
     def _claimed(self, row: Row) -> ClaimedJob:
         return dataclasses.replace(super()._claimed(row), steps={})
+
+
+class AckForgetsTheSteps(MemoryJobDriver):
+    """A finished run's stored steps are thrown away: the operator's view of them is lost."""
+
+    async def ack(self, job_id: str, options: AckOptions) -> bool:
+        landed = await super().ack(job_id, options)
+        if landed:
+            self._state.steps.pop(self._state.rows[job_id].run_id, None)
+        return landed
 
 
 class ClaimIgnoresPauses(MemoryJobDriver):
@@ -392,6 +403,8 @@ CAUGHT_BY_THE_STATEFUL_TEST = [
     ClaimHandsOutExhaustedRows,
     BurialIgnoresDropExhausted,
     ClaimForgetsTheSteps,
+    AckForgetsTheSteps,
+    ClaimIgnoresPauses,
 ]
 
 

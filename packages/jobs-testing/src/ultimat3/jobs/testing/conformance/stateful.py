@@ -2,10 +2,11 @@
 
 Hypothesis drives sequences of enqueues (colliding keys and tenants, reused ids), claims by
 several workers with small slot counts, acks, nacks of every kind and heartbeats under fresh and
-stale claims, step writes, and clock advances past visibility timeouts (so final attempts get
-buried). Every answer is compared with ``ReferenceQueue``'s, and after every operation the whole
-observable state too (stats; every row and the counters when the driver has an operator
-surface). The first difference fails the test, and Hypothesis shrinks it to a short script.
+stale claims, step writes, clock advances past visibility timeouts (so final attempts get
+buried), and — when the driver has an operator surface — queue pauses and resumes. Every answer
+is compared with ``ReferenceQueue``'s, and after every operation the whole observable state too
+(stats; with an operator surface also every row, each row's stored steps, the counters and the
+paused queues). The first difference fails the test, and Hypothesis shrinks it to a short script.
 
 Budget: ``UJOBS_CONFORMANCE_EXAMPLES`` sequences (default 25) of up to
 ``UJOBS_CONFORMANCE_STEPS`` operations (default 30). Raise both for a soak run.
@@ -37,6 +38,7 @@ from ultimat3.jobs.core import (
     AckOptions,
     ClaimedJob,
     EnqueueRequest,
+    JobIntrospection,
     JobRow,
     JobState,
     NackOptions,
@@ -162,6 +164,16 @@ class _Session:
 def _comparable(row: JobRow) -> JobRow:
     """A row without the fields the model does not track (``updated_at``, ``progress``)."""
     return replace(row, updated_at=row.created_at, progress=None)
+
+
+def _in_seq_order(steps: Sequence[StepRecord]) -> list[StepRecord]:
+    """Steps in ``seq`` order, and by name where ``seq``s are equal: the protocol leaves the
+    order of those open, so both sides are put in this one order before they are compared."""
+    return sorted(steps, key=lambda step: (step.seq, step.name))
+
+
+def _has_operator_surface(machine: _DriverMachine) -> bool:
+    return machine.jobs.driver.introspect is not None
 
 
 def _same(what: str, got: object, want: object) -> None:
@@ -400,20 +412,54 @@ class _DriverMachine(RuleBasedStateMachine):
     def advance_clock(self, seconds: int) -> None:
         self.jobs.advance(seconds)
 
+    @precondition(lambda self: _has_operator_surface(self) and not self.model.paused_queues)
+    @rule(queue=st.sampled_from(_QUEUES))
+    def pause_queue(self, queue: str) -> None:
+        """One queue paused at a time, so the other one keeps the claims going."""
+        self._run(self.jobs.introspect.pause_queue(queue))
+        self.model.paused_queues.add(queue)
+
+    @precondition(lambda self: _has_operator_surface(self) and bool(self.model.paused_queues))
+    @rule()
+    def resume_queue(self) -> None:
+        (queue,) = self.model.paused_queues
+        self._run(self.jobs.introspect.resume_queue(queue))
+        self.model.paused_queues.discard(queue)
+
     # -- the state, after every step ---------------------------------------------------------
 
     @invariant()
     def the_backend_matches_the_model(self) -> None:
+        self._run(self._compare_state())
+
+    async def _compare_state(self) -> None:
+        """Every read in one call into the loop: the check runs after each of thousands of
+        operations."""
         now = self._now
-        stats = sorted(self._run(self.jobs.driver.stats()), key=lambda entry: entry.queue)
+        stats = sorted(await self.jobs.driver.stats(), key=lambda entry: entry.queue)
         _same("stats()", stats, self.model.stats(now))
         introspect = self.jobs.driver.introspect
         if introspect is None:
             return
-        rows = [_comparable(row) for row in self._run(self.jobs.all_rows())]
+        rows = [_comparable(row) for row in await self.jobs.all_rows()]
         _same("the rows", rows, [_comparable(row) for row in self.model.public_rows()])
-        totals = self._run(introspect.counter_totals(since=now - _LONG_AGO))
+        await self._compare_steps(introspect)
+        totals = await introspect.counter_totals(since=now - _LONG_AGO)
         _same("counter_totals()", totals, self.model.counter_totals())
+        paused = await introspect.paused_queues()
+        _same("paused_queues()", sorted(paused), sorted(self.model.paused_queues))
+
+    async def _compare_steps(self, introspect: JobIntrospection) -> None:
+        """Every row's stored steps, as ``get`` lists them, are the model's for its run."""
+        for job_id, row in self.model.rows.items():
+            detail = await introspect.get(job_id)
+            if detail is None:
+                raise AssertionError(f"get({job_id}) answered None for a row list() shows")
+            got = list(detail.steps)
+            if got != sorted(got, key=lambda step: step.seq):
+                raise AssertionError(f"get({job_id}).steps are not in seq order: {got!r}")
+            want = self.model.steps.get(row.request.run_id, {}).values()
+            _same(f"get({job_id}).steps", _in_seq_order(got), _in_seq_order(list(want)))
 
 
 def check_against_reference(
