@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import pytest
 import redis as syncredis
@@ -22,6 +23,7 @@ from ultimat3.jobs.core import (
     StepRecord,
 )
 from ultimat3.jobs.redis import RedisJobDriver, redis_job_driver, start_queue_wake
+from ultimat3.jobs.redis.scripts import script
 
 RequestBuilder = Callable[..., EnqueueRequest]
 
@@ -84,3 +86,24 @@ async def test_the_wake_hears_a_cluster_through_any_one_node(
     finally:
         await wake.close()
         await subscriber.aclose()
+
+
+async def test_a_script_that_must_not_run_twice_is_sent_to_its_node_by_name(
+    cluster_driver: RedisJobDriver, new_request: RequestBuilder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cluster client sends a command again after a broken connection unless it was given the
+    node; an enqueue must reach its caller as the error instead, while a read may be repeated."""
+    client = cluster_driver.client
+    await cluster_driver.stats()
+    targets: dict[str, object] = {}
+    sent = client.execute_command
+
+    async def spy(*args: Any, **options: Any) -> Any:
+        targets[args[1]] = options.get("target_nodes")
+        return await sent(*args, **options)
+
+    monkeypatch.setattr(client, "execute_command", spy)
+    await cluster_driver.enqueue(new_request())
+    await cluster_driver.stats()
+    owner = client.get_node_from_key(cluster_driver.namespace.base)
+    assert targets == {script("enqueue").sha: owner, script("stats").sha: None}

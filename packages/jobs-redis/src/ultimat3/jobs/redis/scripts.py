@@ -159,8 +159,9 @@ class ScriptRunner:
 
     On a plain ``redis.asyncio.Redis`` the calls travel on the driver's pipelined connection
     (``wire.py``, with ``command_timeout`` as its deadline); on any other client (a
-    ``RedisCluster`` routes each call by its first key, all of one slot) through the client's own
-    ``evalsha``, under that client's own timeouts and retry policy.
+    ``RedisCluster`` routes each call by its first key, all of one slot) through the client
+    itself, under its own timeouts. A cluster client is kept from repeating a script outside
+    ``REPEATABLE``; any other client's own retry policy applies as configured.
     """
 
     def __init__(
@@ -199,7 +200,14 @@ class ScriptRunner:
 
     async def _evalsha(self, loaded: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
         if self._wire is None:
-            return await self._client.evalsha(loaded.sha, len(keys), *keys, *args)
+            evalsha = ("EVALSHA", loaded.sha, len(keys), *keys, *args)
+            if isinstance(self._client, RedisCluster) and loaded.name not in REPEATABLE:
+                # A cluster client sends a command again when its connection broke, unless it
+                # was told the node: then it still follows MOVED/ASK, and lets the error through.
+                node = self._client.get_node_from_key(keys[0])
+                if node is not None:
+                    return await self._client.execute_command(*evalsha, target_nodes=node)
+            return await self._client.execute_command(*evalsha)
         command = ["EVALSHA", loaded.sha, str(len(keys)), *keys, *args]
         return await self._on_wire(loaded.name, command, repeatable=loaded.name in REPEATABLE)
 
