@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from support.drive import drain
+from support.naming import test_job_name
 
 from ultimat3.jobs.core import (
     LEASE_LAPSED_FINAL_ATTEMPT,
@@ -41,6 +42,7 @@ class Ping:
 
 def ping_job(body: Any, **options: Any) -> Any:
     fields: dict[str, Any] = {
+        "name": test_job_name(body),
         "input": Ping,
         "idempotency_key": lambda i: f"ping:{i.host}",
         "tenant": "none",

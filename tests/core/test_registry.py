@@ -119,3 +119,16 @@ def test_tasks_follow_the_same_rules() -> None:
     assert api.tasks == {"nightly_digest": handle}
     with pytest.raises(JobNameTakenError):
         define_api(tasks=[module(name, a=handle, b=handle)])
+
+
+async def test_a_job_whose_name_routes_to_another_declaration_refuses_to_enqueue(
+    driver: Any,
+) -> None:
+    """Two modules each declare ``send`` and nobody called define_api: a row of the second would
+    run the first's body, so the second's enqueue is refused instead."""
+    first = declare_in(module_name(), fn_name="send_twice_declared")
+    second = declare_in(module_name(), fn_name="send_twice_declared")
+    assert (first.name, second.name) == ("send_twice_declared", "send_twice_declared")
+    await first.enqueue(None)
+    with pytest.raises(JobNameTakenError, match="routes to another declaration"):
+        await second.enqueue(None)

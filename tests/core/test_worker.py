@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from support.eventually import run_clock, settle, until
+from support.naming import test_job_name
 
 from ultimat3.jobs.core import (
     JOBS_CONCURRENCY_DEFAULT,
@@ -34,6 +35,7 @@ class Item:
 
 def item_job(body: Any, **options: Any) -> Any:
     fields: dict[str, Any] = {
+        "name": test_job_name(body),
         "input": Item,
         "idempotency_key": lambda i: f"item:{i.n}",
         "tenant": "none",

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from support.eventually import run_clock, settle, until
+from support.naming import test_job_name
 
 from ultimat3.jobs.core import (
     FrozenClock,
@@ -55,6 +56,7 @@ def work_job(body: Any) -> Any:
         idempotency_key=lambda i: f"work:{i.n}",
         tenant="none",
         retry=Retry(attempts=3, delay=1, jitter=False),
+        name=test_job_name(body),
     )(body)
 
 

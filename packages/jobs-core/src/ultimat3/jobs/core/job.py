@@ -28,6 +28,7 @@ from .errors import (
     JobConcurrencyKeyInvalidError,
     JobDeclarationInvalidError,
     JobDuplicateError,
+    JobNameTakenError,
     JobTenantMismatchError,
     JobTenantRequiredError,
 )
@@ -301,6 +302,14 @@ class JobHandle(Generic[InputT, ResultT]):
         return await self._publish(request, on_conflict)
 
     async def _publish(self, request: EnqueueRequest, on_conflict: OnConflict) -> Enqueued:
+        routed = registry.job_named(self.name)
+        if routed is not None and routed is not self:
+            raise JobNameTakenError(
+                f"job name {self.name!r} routes to another declaration ({routed.origin}): a row "
+                "queued under it would run that body. Give this job its own name=, or register "
+                "its module with define_api() so it is named after its export",
+                meta={"name": self.name},
+            )
         if on_conflict not in ("dedupe", "error"):
             raise InvariantError(f"on_conflict must be 'dedupe' or 'error', got {on_conflict!r}")
         queued = await jobs_facade().enqueue(request)
