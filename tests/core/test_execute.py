@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from support.drive import drain
-from support.naming import test_job_name
+from support.naming import job_name_of
 
 from ultimat3.jobs.core import (
     LEASE_LAPSED_FINAL_ATTEMPT,
@@ -42,7 +42,7 @@ class Ping:
 
 def ping_job(body: Any, **options: Any) -> Any:
     fields: dict[str, Any] = {
-        "name": test_job_name(body),
+        "name": job_name_of(body),
         "input": Ping,
         "idempotency_key": lambda i: f"ping:{i.host}",
         "tenant": "none",

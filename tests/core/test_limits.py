@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from support.eventually import run_clock, settle, until
-from support.naming import test_job_name
+from support.naming import job_name_of
 
 from ultimat3.jobs.core import (
     FrozenClock,
@@ -54,7 +54,7 @@ class Held:
 
 def tenant_job(body: Any, **options: Any) -> Any:
     fields: dict[str, Any] = {
-        "name": test_job_name(body),
+        "name": job_name_of(body),
         "input": Task,
         "idempotency_key": lambda i: f"task:{i.org}:{i.n}",
         "tenant": lambda i: i.org,

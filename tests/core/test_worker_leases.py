@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 from support.eventually import run_clock, settle, until
-from support.naming import test_job_name
+from support.naming import job_name_of
 
 from ultimat3.jobs.core import (
     ClaimRef,
@@ -35,7 +35,7 @@ class Item:
 
 def item_job(body: Any, **options: Any) -> Any:
     fields: dict[str, Any] = {
-        "name": test_job_name(body),
+        "name": job_name_of(body),
         "input": Item,
         "idempotency_key": lambda i: f"item:{i.n}",
         "tenant": "none",

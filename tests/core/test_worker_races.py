@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from support.eventually import run_clock, settle, until
-from support.naming import test_job_name
+from support.naming import job_name_of
 
 from ultimat3.jobs.core import (
     FrozenClock,
@@ -56,7 +56,7 @@ def work_job(body: Any) -> Any:
         idempotency_key=lambda i: f"work:{i.n}",
         tenant="none",
         retry=Retry(attempts=3, delay=1, jitter=False),
-        name=test_job_name(body),
+        name=job_name_of(body),
     )(body)
 
 

@@ -1,16 +1,20 @@
-"""enqueue_many: a batch is one statement, and answers exactly as enqueueing one by one would."""
+"""enqueue_many: a batch is one statement, answers exactly as enqueueing one by one would, and
+never deadlocks with another batch over the same keys."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
 import pytest
+from pg.faulty import Faults, faulty_pool
+from psycopg.errors import DeadlockDetected
 
-from ultimat3.jobs.core import EnqueueRequest, FrozenClock, memory_job_driver
-from ultimat3.jobs.pg import PostgresJobDriver
+from ultimat3.jobs.core import EnqueueRequest, FrozenClock, memory_job_driver, new_id
+from ultimat3.jobs.pg import PostgresJobDriver, postgres_job_driver
 from ultimat3.jobs.pg.sql_enqueue import SQL_ENQUEUE
 
 pytestmark = pytest.mark.pg
@@ -112,3 +116,24 @@ async def test_an_input_reads_back_exactly_as_it_was_enqueued(
 
 async def test_an_empty_batch_answers_nothing(driver: PostgresJobDriver) -> None:
     assert await driver.enqueue_many([]) == []
+
+
+async def test_batches_racing_on_the_same_keys_never_deadlock(
+    pg_url: str, clock: FrozenClock
+) -> None:
+    faults = Faults()
+    async with faulty_pool(pg_url, faults) as one, faulty_pool(pg_url, faults) as other:
+        first, second = (
+            postgres_job_driver(one, clock=clock),
+            postgres_job_driver(other, clock=clock),
+        )
+        for round_ in range(2):
+            keys = [f"{round_}:{n:04}" for n in range(2000)]
+            forward = [request(clock, new_id(), key) for key in keys]
+            backward = [request(clock, new_id(), key) for key in reversed(keys)]
+            answers = await asyncio.gather(
+                first.enqueue_many(forward), second.enqueue_many(backward)
+            )
+            inserted = [a for batch in answers for a in batch if not a.deduped]
+            assert len(inserted) == len(keys)
+    assert not [e for e in faults.errors if isinstance(e, DeadlockDetected)]

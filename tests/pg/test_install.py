@@ -19,8 +19,12 @@ from ultimat3.jobs.pg import (
     sql_enqueue,
     sql_leases,
     sql_operator,
+    sql_outbox,
     sql_pauses,
     sql_read,
+    sql_reset,
+    sql_scheduler,
+    sql_schema,
     sql_settle,
     sql_tasks,
     sql_wake,
@@ -103,13 +107,19 @@ STATEMENT_MODULES = (
     sql_enqueue,
     sql_leases,
     sql_operator,
+    sql_outbox,
     sql_pauses,
     sql_read,
+    sql_reset,
+    sql_scheduler,
+    sql_schema,
     sql_settle,
     sql_tasks,
     sql_wake,
     sql_workers,
 )
+"""Every module of statements but sql_events: the event bus runs on the database's clock by
+design."""
 
 
 def statements() -> list[tuple[str, str]]:

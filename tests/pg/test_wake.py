@@ -15,7 +15,7 @@ import psycopg
 import pytest
 
 from ultimat3.jobs.core import EnqueueRequest, FrozenClock, JobState, new_id
-from ultimat3.jobs.pg import PgQueueWake, PostgresJobDriver, start_queue_wake
+from ultimat3.jobs.pg import PgQueueWake, PostgresJobDriver, postgres_job_driver, start_queue_wake
 
 pytestmark = pytest.mark.pg
 
@@ -106,6 +106,22 @@ async def test_the_next_slot_announces_again(
     clock.advance(0.25)
     await driver.enqueue(job(clock, "q"))
     assert [await heard.next(), await heard.next()] == ["q", "q"]
+
+
+async def test_an_enqueuer_whose_clock_runs_ahead_does_not_silence_the_others(
+    wake: PgQueueWake, driver: PostgresJobDriver, clock: FrozenClock, pg_url: str
+) -> None:
+    heard = Heard(wake)
+    ahead = postgres_job_driver(pg_url, clock=FrozenClock(clock.now() + timedelta(minutes=5)))
+    try:
+        await driver.enqueue(job(clock, "q"))  # a row waits: only a new slot announces
+        await ahead.enqueue(job(clock, "q"))
+        assert [await heard.next(), await heard.next()] == ["q", "q"]
+        clock.advance(0.25)
+        await driver.enqueue(job(clock, "q"))
+        assert await heard.next() == "q"
+    finally:
+        await ahead.close()
 
 
 async def test_a_row_due_later_is_not_announced(

@@ -380,7 +380,9 @@ class _Attempt:
             return is_final_attempt(self.handle.retry, self.claimed.attempt)
         if name == "job_id":
             return self.claimed.id
-        return self.claimed.run_id
+        if name == "run_id":
+            return self.claimed.run_id
+        raise KeyError(f"a job body cannot ask for {name!r}")
 
 
 async def _run_body(
@@ -391,10 +393,7 @@ async def _run_body(
     Running inline (no task per body) keeps a no-op job cheap; a cancellation that came from
     outside (the worker itself dying) is told apart by ``cancelling()`` and re-raised."""
     handle = attempt.handle
-    names = handle._parameters
-    available = {
-        name: attempt.argument(name) for name in (_ALL_PARAMETERS if names is None else names)
-    }
+    available = {name: attempt.argument(name) for name in handle.parameters}
     current = asyncio.current_task()
     assert current is not None
 
@@ -447,18 +446,6 @@ async def _run_body(
             )
             return _Ending("failed", error=run_signal.reason)
     return _Ending("completed", result=result)
-
-
-_ALL_PARAMETERS = (
-    "input",
-    "step",
-    "ctx",
-    "progress",
-    "attempt",
-    "final_attempt",
-    "job_id",
-    "run_id",
-)
 
 
 def _swallow_our_cancel(current: asyncio.Task[Any]) -> None:

@@ -56,9 +56,17 @@ ResultT = TypeVar("ResultT")
 
 OnConflict: TypeAlias = Literal["dedupe", "error"]
 
-BODY_PARAMETERS = frozenset(
-    {"input", "step", "ctx", "progress", "attempt", "final_attempt", "job_id", "run_id"}
+BODY_PARAMETERS = (
+    "input",
+    "step",
+    "ctx",
+    "progress",
+    "attempt",
+    "final_attempt",
+    "job_id",
+    "run_id",
 )
+"""What a body may ask for, by keyword; a body taking ``**kwargs`` is handed all of them."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,7 +166,8 @@ class JobHandle(Generic[InputT, ResultT]):
         else:
             self.name = registry.anonymous_name("job")
             self.origin = None
-        self._parameters = _body_parameters(self.body)
+        self.parameters = _body_parameters(self.body)
+        """The names the body asks for, in ``BODY_PARAMETERS`` order."""
         registry.claim_name("job", self.name, self, explicit=self.explicit_name)
         self.__doc__ = body.__doc__
         self.__wrapped__ = body
@@ -371,11 +380,7 @@ class JobHandle(Generic[InputT, ResultT]):
 
     async def call_body(self, available: Mapping[str, Any]) -> ResultT:
         """Call the body with exactly the parameters it declares."""
-        kwargs = (
-            dict(available)
-            if self._parameters is None
-            else {name: available[name] for name in self._parameters}
-        )
+        kwargs = {name: available[name] for name in self.parameters}
         if self._body_is_async:
             return cast(ResultT, await self.body(**kwargs))
         result = await asyncio.to_thread(self.body, **kwargs)
@@ -456,22 +461,22 @@ def _check_body(body: Callable[..., Any]) -> Callable[..., Any]:
     return body
 
 
-def _body_parameters(body: Callable[..., Any]) -> tuple[str, ...] | None:
-    """The names the body asks for; None when it takes ``**kwargs`` (it gets everything)."""
+def _body_parameters(body: Callable[..., Any]) -> tuple[str, ...]:
+    """The names the body asks for; all of them when it takes ``**kwargs``."""
     names: list[str] = []
     for parameter in inspect.signature(body).parameters.values():
         if parameter.kind is inspect.Parameter.VAR_KEYWORD:
-            return None
+            return BODY_PARAMETERS
         if parameter.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.POSITIONAL_ONLY):
             raise JobDeclarationInvalidError(
                 f"{body.__qualname__}: job bodies take keyword parameters by name "
-                f"({', '.join(sorted(BODY_PARAMETERS))})",
+                f"({', '.join(BODY_PARAMETERS)})",
                 meta={"field": "run"},
             )
         if parameter.name not in BODY_PARAMETERS:
             raise JobDeclarationInvalidError(
                 f"{body.__qualname__}: unknown parameter {parameter.name!r}; a body may ask for "
-                f"{', '.join(sorted(BODY_PARAMETERS))}",
+                f"{', '.join(BODY_PARAMETERS)}",
                 meta={"field": "run", "parameter": parameter.name},
             )
         names.append(parameter.name)

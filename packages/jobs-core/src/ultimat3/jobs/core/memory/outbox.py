@@ -50,7 +50,7 @@ class MemoryOutboxStore:
         finally:
             self._tx.reset(token)
         for record in tx.staged:
-            self._rows[record.request.id] = record
+            self._rows.setdefault(record.request.id, record)
 
     def current_tx(self) -> MemoryOutboxTransaction | None:
         """The transaction open in this context, for ``outbox_jobs_facade(current_tx=…)``."""
@@ -62,7 +62,7 @@ class MemoryOutboxStore:
         if tx is not None:
             tx.staged.append(record)
         else:
-            self._rows[request.id] = record
+            self._rows.setdefault(request.id, record)  # an id already staged keeps its row
 
     async def claim(self, *, claimant: str, limit: int, lease: float) -> list[OutboxRecord]:
         now = self._clock.now()

@@ -1,0 +1,63 @@
+"""A pool whose connections fail on cue, for the tests of what the executor does then.
+
+``Faults.lose_answers(n)``: the next ``n`` statements commit, then their connection drops before
+the answer is read — what a server restart or a terminated backend does to a statement that just
+committed. Every error the server raised is kept in ``Faults.errors``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from psycopg import AsyncCursor
+from psycopg_pool import AsyncConnectionPool
+
+__all__ = ["Faults", "faulty_pool"]
+
+
+@dataclass
+class Faults:
+    answers_to_lose: int = 0
+    errors: list[Exception] = field(default_factory=list)
+
+    def lose_answers(self, count: int = 1) -> None:
+        self.answers_to_lose = count
+
+    def cursor_class(self) -> type[AsyncCursor[Any]]:
+        faults = self
+
+        class FaultyCursor(AsyncCursor[Any]):
+            async def execute(self, *args: Any, **kwargs: Any) -> FaultyCursor:
+                try:
+                    await super().execute(*args, **kwargs)
+                except psycopg.Error as exc:
+                    faults.errors.append(exc)
+                    raise
+                if faults.answers_to_lose > 0:
+                    faults.answers_to_lose -= 1
+                    await self.connection.close()
+                    raise psycopg.OperationalError("server closed the connection unexpectedly")
+                return self
+
+        return FaultyCursor
+
+
+@asynccontextmanager
+async def faulty_pool(url: str, faults: Faults) -> AsyncIterator[AsyncConnectionPool[Any]]:
+    """An autocommit pool (every statement commits as it returns) with ``faults`` in it."""
+    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+        url,
+        kwargs={"autocommit": True, "cursor_factory": faults.cursor_class()},
+        min_size=1,
+        max_size=4,
+        open=False,
+    )
+    await pool.open(wait=True)
+    try:
+        yield pool
+    finally:
+        await pool.close()

@@ -1,0 +1,161 @@
+"""A statement whose connection died after it committed: run again only when a repeat changes
+nothing and answers the same; every other write raises, applied once."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+from pg.faulty import Faults, faulty_pool
+
+from ultimat3.jobs.core import (
+    BulkFilter,
+    DriverUnavailableError,
+    EnqueueRequest,
+    FrozenClock,
+    JobState,
+    new_id,
+)
+from ultimat3.jobs.core.model import ClaimRef
+from ultimat3.jobs.pg import PostgresJobDriver, postgres_job_driver, postgres_outbox_store
+
+pytestmark = pytest.mark.pg
+
+
+@pytest.fixture
+def faults() -> Faults:
+    return Faults()
+
+
+@pytest.fixture
+async def lossy(
+    pg_url: str, clock: FrozenClock, faults: Faults
+) -> AsyncIterator[PostgresJobDriver]:
+    """A driver over a pool whose next statements lose their answers on cue."""
+    async with faulty_pool(pg_url, faults) as pool:
+        built = postgres_job_driver(pool, clock=clock)
+        yield built
+        await built.close()
+
+
+def request(clock: FrozenClock, n: int = 0, *, max_attempts: int = 3) -> EnqueueRequest:
+    return EnqueueRequest(
+        id=new_id(),
+        run_id=new_id(),
+        name="n",
+        queue="q",
+        input={"n": n},
+        idempotency_key=f"k:{new_id()}",
+        tenant_id=None,
+        max_attempts=max_attempts,
+        run_at=clock.now(),
+    )
+
+
+async def count(driver: PostgresJobDriver, query: str) -> int:
+    return int((await driver.executor.fetch(query))[0][0])
+
+
+async def test_an_enqueue_whose_answer_was_lost_raises_and_is_not_answered_as_a_dedupe(
+    lossy: PostgresJobDriver, faults: Faults, clock: FrozenClock
+) -> None:
+    job = request(clock)
+    faults.lose_answers()
+    with pytest.raises(DriverUnavailableError, match="may have been applied"):
+        await lossy.enqueue(job)
+    assert await count(lossy, "select count(*) from x_jobs") == 1
+
+
+async def test_a_bulk_remove_whose_answer_was_lost_removes_one_batch_only(
+    lossy: PostgresJobDriver, faults: Faults, clock: FrozenClock
+) -> None:
+    await lossy.enqueue_many([request(clock, n) for n in range(1500)])
+    await lossy.executor.fetch("update x_jobs set state = 'done'")
+    faults.lose_answers()
+    with pytest.raises(DriverUnavailableError):
+        await lossy.introspect.remove_many(BulkFilter(state=JobState.DONE))
+    assert await count(lossy, "select count(*) from x_jobs") == 500
+
+
+async def test_a_claim_whose_answer_was_lost_takes_no_second_batch(
+    lossy: PostgresJobDriver, faults: Faults, clock: FrozenClock
+) -> None:
+    await lossy.enqueue_many([request(clock, n, max_attempts=1) for n in range(2)])
+    faults.lose_answers()
+    with pytest.raises(DriverUnavailableError):
+        await lossy.claim(worker_id="w", slots={"q": 1}, visibility_timeout=30)
+    running = "select count(*) from x_jobs where state = 'running'"
+    assert await count(lossy, running) == 1
+
+
+async def test_a_cancel_whose_answer_was_lost_raises_rather_than_answering_not_found(
+    lossy: PostgresJobDriver, faults: Faults, clock: FrozenClock
+) -> None:
+    job = request(clock)
+    await lossy.enqueue(job)
+    faults.lose_answers()
+    with pytest.raises(DriverUnavailableError):
+        await lossy.introspect.cancel(job.id)
+    detail = await lossy.introspect.get(job.id)
+    assert detail is not None
+    assert detail.row.state is JobState.CANCELLED
+
+
+async def test_a_read_whose_connection_died_is_run_again(
+    lossy: PostgresJobDriver, faults: Faults, clock: FrozenClock
+) -> None:
+    await lossy.enqueue(request(clock))
+    faults.lose_answers()
+    [stats] = await lossy.stats()
+    assert stats.ready == 1
+
+
+async def test_a_heartbeat_whose_answer_was_lost_is_run_again_and_still_holds_the_lease(
+    lossy: PostgresJobDriver, faults: Faults, clock: FrozenClock
+) -> None:
+    await lossy.enqueue(request(clock))
+    [job] = (await lossy.claim(worker_id="w", slots={"q": 1}, visibility_timeout=30)).jobs
+    faults.lose_answers()
+    assert await lossy.heartbeat(job.id, ClaimRef("w", job.claim.claim), 60)
+
+
+async def test_a_lease_acquire_whose_answer_was_lost_answers_the_slot_it_took(
+    lossy: PostgresJobDriver, faults: Faults
+) -> None:
+    faults.lose_answers()
+    assert await lossy.leases.acquire("key", "h1", limit=1, ttl=30)
+    assert await lossy.leases.holders("key") == ["h1"]
+
+
+async def test_a_backfill_begin_whose_answer_was_lost_answers_the_row_it_opened(
+    lossy: PostgresJobDriver, faults: Faults
+) -> None:
+    faults.lose_answers()
+    row = await lossy.backfills.begin(name="bf", run_id="run-1", checksum="c")
+    assert (row.run_id, row.status) == ("run-1", "running")
+    assert await count(lossy, "select count(*) from x_backfills") == 1
+
+
+async def test_an_event_publish_whose_answer_was_lost_stores_one_event(
+    lossy: PostgresJobDriver, faults: Faults
+) -> None:
+    faults.lose_answers()
+    record = await lossy.events.publish("paid", {"invoice": 1})
+    assert record.payload == {"invoice": 1}
+    assert await count(lossy, "select count(*) from x_job_events") == 1
+
+
+async def test_an_outbox_claim_whose_answer_was_lost_answers_the_batch_it_stamped(
+    lossy: PostgresJobDriver, faults: Faults, clock: FrozenClock
+) -> None:
+    store = postgres_outbox_store(executor=lossy.executor, clock=clock)
+    staged = []
+    for n in range(3):
+        staged.append(request(clock, n))
+        await store.stage(staged[-1])
+        clock.advance(0.001)
+    faults.lose_answers()
+    records = await store.claim(claimant="relay-1", limit=1, lease=30)
+    assert [r.request.id for r in records] == [staged[0].id]
+    claimed = "select count(*) from x_outbox where claimed_by is not null"
+    assert await count(lossy, claimed) == 1
