@@ -97,7 +97,9 @@ class JobDriver(Protocol):
       (failed when its name is in ``drop_exhausted``) with ``last_error =
       LEASE_LAPSED_FINAL_ATTEMPT``, counted, and reported in ``exhausted``. Every such row the
       claim passes on its way to filling the slots is buried (all of them when the queue cannot
-      fill the slots); burying ones beyond that is allowed.
+      fill the slots); burying ones beyond that is allowed. A driver may bound how many lapsed
+      rows one claim examines per queue (the longest-lapsed first; Redis: 5 x (1,000 + free));
+      a later claim goes on with the rest.
       A claimed job carries the run's stored steps.
     - ``ack`` moves a running row to ``done``; ``nack`` moves it to ``nack_state(options)``, at
       ``options.run_at``; when ``count_attempt`` is false the attempt number drops back by one.
