@@ -1,9 +1,9 @@
 """Abort signals: how a deadline, a drain or a lost lease reaches a running body.
 
 ``ctx.signal`` and every step's signal are ``AbortSignal``s. A body can poll ``aborted``, call
-``throw_if_aborted()``, register a callback, or ``await signal`` to park until it fires. On a
-deadline or a drain the runner also cancels the body's task, so an ``await`` that never looks at
-the signal is interrupted too.
+``throw_if_aborted()``, register a callback, or ``await signal`` to park until it fires. Whatever
+aborts it — a deadline, a drain, a lost lease or fleet slot — the runner also cancels the body's
+task, so an ``await`` that never looks at the signal is interrupted too.
 """
 
 from __future__ import annotations
