@@ -1,9 +1,9 @@
 """Leader election over any ``LeaseStore``: one slot, held by whoever renews it in time.
 
 A lease with an expiry needs no connection affinity, so it works over pooled connections where a
-session lock would not; ``acquire()`` is also the renewal, called every renewal interval, which is how a
-demoted node finds out. Over the memory driver's lease store it elects within one process; over a
-server's it elects across the fleet.
+session lock would not. ``acquire()`` is also the renewal, called every renewal interval, which
+is how a demoted node finds out. Over the memory driver's lease store it elects within one
+process; over a server's it elects across the fleet.
 """
 
 from __future__ import annotations

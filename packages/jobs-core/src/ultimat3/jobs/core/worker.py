@@ -93,9 +93,9 @@ __all__ = ["JobWorker", "WorkerStats", "job_worker"]
 class WorkerStats:
     """How the attempts this worker ran ended, and the rows its claims buried (counted ``dead``
     or ``dropped``: their lease had lapsed on the final attempt). ``handed_back``: runs returned
-    to the queue before
-    their body started (a limit or a busy key under ``when_busy='wait'``), no attempt burned.
-    ``lease_lost``: runs whose settle could not land because the claim no longer held the row."""
+    to the queue before their body started (a limit or a busy key under ``when_busy='wait'``), no
+    attempt burned. ``lease_lost``: runs whose settle could not land because the claim no longer
+    held the row."""
 
     completed: int = 0
     retried: int = 0
