@@ -41,6 +41,7 @@ class PostgresBackfillLedger:
                 "app_version": app_version,
                 "now": self._clock.now(),
             },
+            idempotent=True,  # a repeat adopts the row the first one opened
         )
         return backfill_row(rows[0])
 
@@ -48,25 +49,31 @@ class PostgresBackfillLedger:
         await self._executor.fetch(
             SQL_BACKFILL_CHECKPOINT,
             {"run_id": run_id, "rows": rows, "cursor": dump_json(cursor)},
+            idempotent=True,
         )
 
     async def complete(self, run_id: str, *, rows: int, cursor: JsonValue) -> None:
         await self._executor.fetch(
             SQL_BACKFILL_COMPLETE,
             {"run_id": run_id, "rows": rows, "cursor": dump_json(cursor), "now": self._clock.now()},
+            idempotent=True,
         )
 
     async def fail(self, run_id: str, error: str) -> None:
-        await self._executor.fetch(SQL_BACKFILL_FAIL, {"run_id": run_id, "error": error})
+        await self._executor.fetch(
+            SQL_BACKFILL_FAIL, {"run_id": run_id, "error": error}, idempotent=True
+        )
 
     async def latest(self, name: str) -> BackfillRow | None:
-        rows = await self._executor.fetch(SQL_BACKFILL_LATEST, {"name": name})
+        rows = await self._executor.fetch(SQL_BACKFILL_LATEST, {"name": name}, idempotent=True)
         return backfill_row(rows[0]) if rows else None
 
     async def list(
         self, *, name: str | None = None, status: str | None = None, limit: int = 100
     ) -> list[BackfillRow]:
         rows = await self._executor.fetch(
-            SQL_BACKFILL_LIST, {"name": name, "status": status, "max_rows": limit}
+            SQL_BACKFILL_LIST,
+            {"name": name, "status": status, "max_rows": limit},
+            idempotent=True,
         )
         return [backfill_row(row) for row in rows]

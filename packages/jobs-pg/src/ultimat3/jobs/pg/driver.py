@@ -1,8 +1,9 @@
 """The Postgres job driver: the core's ``JobDriver`` over psycopg 3 (async) and psycopg-pool.
 
-Each operation is one statement (``sql_*.py`` holds every one verbatim), and each takes ``now``
-from the driver's clock as a parameter — the server's ``now()`` decides nothing, so a frozen clock
-drives this driver exactly as it drives the memory driver.
+Each of its operations is one statement (``sql_*.py`` holds every one verbatim; ``enqueue_many``
+sends one per chunk and round), and each takes ``now`` from the driver's clock as a parameter —
+the server's ``now()`` decides nothing, so a frozen clock drives this driver exactly as it drives
+the memory driver.
 
 Settles and lease renewals are batched: concurrent ``ack()`` calls of one process become one
 statement (``Coalescer``), every row in it still fenced on its own claim and every caller told
@@ -15,11 +16,10 @@ from __future__ import annotations
 import builtins
 from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Any
 
 from ultimat3.jobs.core.clock import SYSTEM_CLOCK, Clock
 from ultimat3.jobs.core.coalesce import Coalescer
-from ultimat3.jobs.core.constants import COUNTER_TIERS, WAKE_DUE_WITHIN_S, WAKE_SLOT_S
+from ultimat3.jobs.core.constants import COUNTER_TIERS
 from ultimat3.jobs.core.counters import bucket_start
 from ultimat3.jobs.core.errors import InvariantError
 from ultimat3.jobs.core.model import (
@@ -38,10 +38,17 @@ from ultimat3.jobs.core.protocol import ClaimBatch
 
 from .backfills import PostgresBackfillLedger
 from .events import PostgresEventBus
-from .executor import PgExecutor, PgTarget, pg_executor
+from .executor import (
+    DEFAULT_OPEN_TIMEOUT_S,
+    DEFAULT_POOL_MAX,
+    DEFAULT_POOL_MIN,
+    PgExecutor,
+    PgTarget,
+    pg_executor,
+)
 from .introspect import PostgresIntrospection
 from .leases import PostgresLeaseStore
-from .rows import claimed_job, dump_json, enqueue_rows, exhausted_job, utc
+from .rows import claimed_job, dump_json, enqueue_answers, enqueue_params, exhausted_job, utc
 from .sql_claim import SQL_CLAIM
 from .sql_enqueue import SQL_ENQUEUE
 from .sql_read import SQL_STATS
@@ -69,10 +76,19 @@ class PostgresJobDriver:
         target: PgTarget,
         *,
         clock: Clock = SYSTEM_CLOCK,
-        pool_max: int = 8,
+        pool_min: int = DEFAULT_POOL_MIN,
+        pool_max: int = DEFAULT_POOL_MAX,
+        open_timeout: float = DEFAULT_OPEN_TIMEOUT_S,
+        prepare: bool = True,
         settle_batch: int = 1000,
     ) -> None:
-        self._executor = pg_executor(target, pool_max=pool_max)
+        self._executor = pg_executor(
+            target,
+            pool_min=pool_min,
+            pool_max=pool_max,
+            open_timeout=open_timeout,
+            prepare=prepare,
+        )
         self._owns_executor = not isinstance(target, PgExecutor)
         self._clock = clock
         self._introspect = PostgresIntrospection(self._executor, clock)
@@ -145,23 +161,14 @@ class PostgresJobDriver:
         todo = list(positions)
         for _ in range(_ENQUEUE_RETRIES):
             batch = [requests[i] for i in todo]
-            now = self._clock.now()
-            rows = await self._executor.fetch(SQL_ENQUEUE, _statement_params(batch, now))
-            refused: set[int] = set()
+            rows = await self._executor.fetch(SQL_ENQUEUE, enqueue_params(batch, self._clock.now()))
+            refused = [row[1:] for row in rows if row[1] is not None]
             unanswered = []
-            for _announced, ord_, job_id, run_id in rows:
-                if ord_ is None:
-                    continue
-                position = todo[ord_ - 1]
-                refused.add(position)
-                if job_id is None:
+            for position, answer in zip(todo, enqueue_answers(batch, refused), strict=True):
+                if answer is None:
                     unanswered.append(position)
                 else:
-                    answers[position] = Enqueued(job_id, run_id, deduped=True)
-            for position in todo:
-                if position not in refused:
-                    request = requests[position]
-                    answers[position] = Enqueued(request.id, request.run_id)
+                    answers[position] = answer
             if not unanswered:
                 return
             todo = unanswered
@@ -196,6 +203,7 @@ class PostgresJobDriver:
                 "drop": list(drop_exhausted),
                 "bucket": bucket_start(now, _MINUTE),
             },
+            relaxed_commit=True,
         )
         if not rows:
             return ClaimBatch()
@@ -257,7 +265,9 @@ class PostgresJobDriver:
         )
 
     async def _flush_heartbeats(self, items: Sequence[_Heartbeat]) -> list[bool]:
-        rows = await self._executor.fetch(SQL_HEARTBEAT, {"rows": dump_json(items)})
+        rows = await self._executor.fetch(
+            SQL_HEARTBEAT, {"rows": dump_json(items)}, idempotent=True, relaxed_commit=True
+        )
         landed = {row[0] for row in rows}
         return [item[0] in landed for item in items]
 
@@ -275,13 +285,14 @@ class PostgresJobDriver:
                 "completed": step.completed,
                 "now": self._clock.now(),
             },
+            idempotent=True,
         )
         return bool(rows)
 
     # -- reading ----------------------------------------------------------------------------
 
     async def stats(self) -> builtins.list[QueueStats]:
-        rows = await self._executor.fetch(SQL_STATS, {"now": self._clock.now()})
+        rows = await self._executor.fetch(SQL_STATS, {"now": self._clock.now()}, idempotent=True)
         counts: dict[str, dict[str, int]] = {}
         oldest: dict[str, datetime] = {}
         for queue, state, count, oldest_at in rows:
@@ -306,7 +317,10 @@ def postgres_job_driver(
     pool_or_url: PgTarget,
     *,
     clock: Clock = SYSTEM_CLOCK,
-    pool_max: int = 8,
+    pool_min: int = DEFAULT_POOL_MIN,
+    pool_max: int = DEFAULT_POOL_MAX,
+    open_timeout: float = DEFAULT_OPEN_TIMEOUT_S,
+    prepare: bool = True,
     settle_batch: int = 1000,
 ) -> PostgresJobDriver:
     """A job driver on Postgres.
@@ -316,10 +330,21 @@ def postgres_job_driver(
     yours), or a ``PgExecutor``. The tables must exist: ``await install(pool_or_url)`` or
     ``ujobs migrate --database-url URL``.
 
-    ``clock`` decides every time-dependent answer (due rows, lease expiry); ``pool_max`` bounds
-    the pool the driver owns; ``settle_batch`` bounds the rows one batched settle carries.
+    ``clock`` decides every time-dependent answer (due rows, lease expiry). ``pool_min``,
+    ``pool_max`` and ``open_timeout`` shape the pool the driver opens from a URL.
+    ``prepare=False`` never prepares a statement on the server (behind a transaction-pooling
+    proxy that does not track prepared statements). ``settle_batch`` bounds the rows one batched
+    settle carries.
     """
-    return PostgresJobDriver(pool_or_url, clock=clock, pool_max=pool_max, settle_batch=settle_batch)
+    return PostgresJobDriver(
+        pool_or_url,
+        clock=clock,
+        pool_min=pool_min,
+        pool_max=pool_max,
+        open_timeout=open_timeout,
+        prepare=prepare,
+        settle_batch=settle_batch,
+    )
 
 
 def _rounds(requests: Sequence[EnqueueRequest], positions: range) -> list[list[int]]:
@@ -341,32 +366,3 @@ def _rounds(requests: Sequence[EnqueueRequest], positions: range) -> list[list[i
             rounds.append([])
         rounds[index].append(position)
     return rounds
-
-
-def _statement_params(batch: Sequence[EnqueueRequest], now: datetime) -> dict[str, Any]:
-    """The parameters of SQL_ENQUEUE for ``batch``."""
-    return {
-        "rows": enqueue_rows(batch),
-        "now": now,
-        "slot": int(now.timestamp() // WAKE_SLOT_S),
-        "due_by": now + timedelta(seconds=WAKE_DUE_WITHIN_S),
-    }
-
-
-def _enqueue_params(batch: Sequence[EnqueueRequest], now: datetime) -> dict[str, Any]:
-    """SQL_ENQUEUE's parameters plus the same requests as one array per field: what
-    SQL_SCHEDULER_FIRE reads until it takes the ``rows`` document too."""
-    return {
-        **_statement_params(batch, now),
-        "ids": [r.id for r in batch],
-        "run_ids": [r.run_id for r in batch],
-        "names": [r.name for r in batch],
-        "queues": [r.queue for r in batch],
-        "inputs": [dump_json(r.input) for r in batch],
-        "keys": [r.idempotency_key for r in batch],
-        "tenants": [r.tenant_id for r in batch],
-        "max_attempts": [r.max_attempts for r in batch],
-        "run_ats": [r.run_at for r in batch],
-        "enqueued_bys": [r.enqueued_by for r in batch],
-        "traceparents": [r.traceparent for r in batch],
-    }

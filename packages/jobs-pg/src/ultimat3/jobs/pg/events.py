@@ -48,6 +48,7 @@ class PostgresEventBus:
                 "payload": dump_json(json_roundtrip(payload)),
                 "ttl_s": DEFAULT_EVENT_TTL_S if ttl is None else float(ttl),
             },
+            idempotent=True,  # a repeat under the same id answers the row the first one stored
         )
         return _record(rows[0])
 
@@ -61,11 +62,12 @@ class PostgresEventBus:
                 "since": since,
                 "match": None if match is None else dump_json(json_roundtrip(match)),
             },
+            idempotent=True,
         )
         return _record(rows[0]) if rows else None
 
     async def now(self) -> datetime:
-        rows = await self._executor.fetch(SQL_EVENT_NOW)
+        rows = await self._executor.fetch(SQL_EVENT_NOW, idempotent=True)
         return utc(rows[0][0])
 
     async def purge_expired(self) -> int:

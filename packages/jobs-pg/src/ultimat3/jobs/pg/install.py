@@ -16,7 +16,7 @@ async def install(pool_or_url: PgTarget) -> None:
     try:
         # Several commands in one simple-protocol query: one implicit transaction, so the
         # advisory lock at its head is held until every table exists.
-        await executor.fetch(SQL_JOBS_TABLE, prepare=False)
+        await executor.fetch(SQL_JOBS_TABLE, idempotent=True, prepare=False)
     finally:
         if executor is not pool_or_url:
             await executor.close()
@@ -26,7 +26,7 @@ async def truncate_tables(pool_or_url: PgTarget) -> None:
     """Delete every row of every table (``SQL_RESET``). For tests and benchmarks only."""
     executor = pg_executor(pool_or_url)
     try:
-        await executor.fetch(SQL_RESET, prepare=False)
+        await executor.fetch(SQL_RESET, idempotent=True, prepare=False)
     finally:
         if executor is not pool_or_url:
             await executor.close()

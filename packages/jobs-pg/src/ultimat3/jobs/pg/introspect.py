@@ -1,8 +1,8 @@
 """The operator surface on Postgres: ``JobIntrospection`` over the driver's tables.
 
-The same answers and the same errors as the memory driver's, one statement per call (the counter
-rollup is the one that reads, folds in Python with the core's ``rollup``, and writes back, in one
-transaction).
+The same answers and the same errors as the memory driver's, one statement per call — except
+``get`` (the row, then its run's steps) and the counter rollup, which reads, folds in Python with
+the core's ``rollup``, and writes back, in one transaction.
 """
 
 from __future__ import annotations
@@ -101,21 +101,21 @@ class PostgresIntrospection:
         }
         if filter.before is not None:
             params["before_at"], params["before_id"] = parse_cursor(filter.before, which="before")
-            rows = await self._executor.fetch_dicts(SQL_JOB_LIST_BEFORE, params)
+            rows = await self._executor.fetch_dicts(SQL_JOB_LIST_BEFORE, params, idempotent=True)
             rows.reverse()
         else:
             params["after_at"], params["after_id"] = (
-                parse_cursor(filter.after, which="after") if filter.after else (None, None)
+                (None, None) if filter.after is None else parse_cursor(filter.after, which="after")
             )
-            rows = await self._executor.fetch_dicts(SQL_JOB_LIST, params)
+            rows = await self._executor.fetch_dicts(SQL_JOB_LIST, params, idempotent=True)
         return JobPage(rows=[job_row(row) for row in rows], limit=limit)
 
     async def get(self, job_id: str) -> JobDetail | None:
-        rows = await self._executor.fetch_dicts(SQL_JOB_GET, {"id": job_id})
+        rows = await self._executor.fetch_dicts(SQL_JOB_GET, {"id": job_id}, idempotent=True)
         if not rows:
             return None
         row = job_row(rows[0])
-        steps = await self._executor.fetch(SQL_JOB_STEPS, {"run_id": row.run_id})
+        steps = await self._executor.fetch(SQL_JOB_STEPS, {"run_id": row.run_id}, idempotent=True)
         return JobDetail(row=row, steps=[step_record(*step) for step in steps])
 
     # -- one row ---------------------------------------------------------------------------
@@ -227,27 +227,31 @@ class PostgresIntrospection:
     # -- pauses ----------------------------------------------------------------------------
 
     async def pause_queue(self, queue: str) -> None:
-        await self._executor.fetch(SQL_PAUSE_QUEUE, {"queue": queue, "now": self._clock.now()})
+        await self._executor.fetch(
+            SQL_PAUSE_QUEUE, {"queue": queue, "now": self._clock.now()}, idempotent=True
+        )
 
     async def resume_queue(self, queue: str) -> None:
-        await self._executor.fetch(SQL_RESUME_QUEUE, {"queue": queue})
+        await self._executor.fetch(SQL_RESUME_QUEUE, {"queue": queue}, idempotent=True)
 
     async def paused_queues(self) -> builtins.list[str]:
-        return [row[0] for row in await self._executor.fetch(SQL_PAUSED_QUEUES)]
+        return [row[0] for row in await self._executor.fetch(SQL_PAUSED_QUEUES, idempotent=True)]
 
     async def pause_task(self, task: str) -> None:
-        await self._executor.fetch(SQL_PAUSE_TASK, {"task": task, "now": self._clock.now()})
+        await self._executor.fetch(
+            SQL_PAUSE_TASK, {"task": task, "now": self._clock.now()}, idempotent=True
+        )
 
     async def resume_task(self, task: str) -> None:
-        await self._executor.fetch(SQL_RESUME_TASK, {"task": task})
+        await self._executor.fetch(SQL_RESUME_TASK, {"task": task}, idempotent=True)
 
     async def paused_tasks(self) -> builtins.list[str]:
-        return [row[0] for row in await self._executor.fetch(SQL_PAUSED_TASKS)]
+        return [row[0] for row in await self._executor.fetch(SQL_PAUSED_TASKS, idempotent=True)]
 
     # -- workers, progress, counters, task fires ------------------------------------------
 
     async def workers(self) -> builtins.list[WorkerInfo]:
-        rows = await self._executor.fetch(SQL_WORKERS, {"now": self._clock.now()})
+        rows = await self._executor.fetch(SQL_WORKERS, {"now": self._clock.now()}, idempotent=True)
         return [
             WorkerInfo(
                 id=worker_id,
@@ -274,10 +278,12 @@ class PostgresIntrospection:
                 "last_heartbeat": info.last_heartbeat,
                 "expires_at": self._clock.now() + timedelta(seconds=ttl),
             },
+            idempotent=True,
+            relaxed_commit=True,
         )
 
     async def remove_worker(self, worker_id: str) -> None:
-        await self._executor.fetch(SQL_REMOVE_WORKER, {"id": worker_id})
+        await self._executor.fetch(SQL_REMOVE_WORKER, {"id": worker_id}, idempotent=True)
 
     async def record_progress(self, job_id: str, ref: ClaimRef, progress: Progress) -> bool:
         rows = await self._executor.fetch(
@@ -288,15 +294,19 @@ class PostgresIntrospection:
                 "claim": ref.claim,
                 "progress": progress_json(progress),
             },
+            idempotent=True,
+            relaxed_commit=True,
         )
         return bool(rows)
 
     async def counters(self, job: str, *, since: datetime) -> builtins.list[CounterBucket]:
-        rows = await self._executor.fetch(SQL_COUNTERS, {"name": job, "since": since})
+        rows = await self._executor.fetch(
+            SQL_COUNTERS, {"name": job, "since": since}, idempotent=True
+        )
         return [_bucket(row) for row in rows]
 
     async def counter_totals(self, *, since: datetime) -> builtins.list[CounterTotals]:
-        rows = await self._executor.fetch(SQL_COUNTER_TOTALS, {"since": since})
+        rows = await self._executor.fetch(SQL_COUNTER_TOTALS, {"since": since}, idempotent=True)
         return [
             CounterTotals(
                 name=name, done=done, retried=retried, failed=failed, dead=dead, duration_ms=ms
@@ -337,13 +347,16 @@ class PostgresIntrospection:
             )
 
     async def task_fires(self) -> builtins.list[TaskFire]:
-        rows = await self._executor.fetch(SQL_TASK_FIRES, {"max_rows": MAX_TASK_FIRES})
+        rows = await self._executor.fetch(
+            SQL_TASK_FIRES, {"max_rows": MAX_TASK_FIRES}, idempotent=True
+        )
         return [TaskFire(task, occurrence, utc(fired_at)) for task, occurrence, fired_at in rows]
 
     async def record_task_fire(self, task: str, occurrence_ms: int) -> None:
         await self._executor.fetch(
             SQL_RECORD_TASK_FIRE,
             {"task": task, "occurrence_ms": occurrence_ms, "now": self._clock.now()},
+            idempotent=True,
         )
 
 

@@ -38,7 +38,10 @@ class PostgresLeaseStore:
             "now": now,
             "expires_at": now + timedelta(seconds=ttl),
         }
-        rows = await self._executor.run([(SQL_LEASE_LOCK, params), (SQL_LEASE_ACQUIRE, params)])
+        # A repeat finds the slot the first run took and renews it: the same answer.
+        rows = await self._executor.run(
+            [(SQL_LEASE_LOCK, params), (SQL_LEASE_ACQUIRE, params)], idempotent=True
+        )
         return bool(rows[0][0])
 
     async def renew(self, key: str, holder: str, *, ttl: float) -> bool:
@@ -46,12 +49,18 @@ class PostgresLeaseStore:
         rows = await self._executor.fetch(
             SQL_LEASE_RENEW,
             {"key": key, "holder": holder, "now": now, "expires_at": now + timedelta(seconds=ttl)},
+            idempotent=True,
+            relaxed_commit=True,
         )
         return bool(rows)
 
     async def release(self, key: str, holder: str) -> None:
-        await self._executor.fetch(SQL_LEASE_RELEASE, {"key": key, "holder": holder})
+        await self._executor.fetch(
+            SQL_LEASE_RELEASE, {"key": key, "holder": holder}, idempotent=True
+        )
 
     async def holders(self, key: str) -> list[str]:
-        rows = await self._executor.fetch(SQL_LEASE_HOLDERS, {"key": key, "now": self._clock.now()})
+        rows = await self._executor.fetch(
+            SQL_LEASE_HOLDERS, {"key": key, "now": self._clock.now()}, idempotent=True
+        )
         return [row[0] for row in rows]

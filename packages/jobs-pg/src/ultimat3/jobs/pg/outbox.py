@@ -63,7 +63,7 @@ class PostgresOutboxStore:
         params = _stage_params(request, self._clock)
         conn = self._tx_executor()
         if conn is None:
-            await self._executor.fetch(SQL_OUTBOX_STAGE, params)
+            await self._executor.fetch(SQL_OUTBOX_STAGE, params, idempotent=True)
             return
         if conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE:
             raise OutboxNoTxError(
@@ -83,6 +83,7 @@ class PostgresOutboxStore:
                 "lapsed_before": now - timedelta(seconds=lease),
                 "limit": limit,
             },
+            idempotent=True,  # a repeat by the same claimant takes the same rows again
         )
         return [_record(row) for row in rows]
 
@@ -101,7 +102,7 @@ class PostgresOutboxStore:
 
     async def retained(self, *, limit: int = 1000) -> list[OutboxRecord]:
         """Rows staged and not yet published, in the order a relay takes them."""
-        rows = await self._executor.fetch(SQL_OUTBOX_RETAINED, {"limit": limit})
+        rows = await self._executor.fetch(SQL_OUTBOX_RETAINED, {"limit": limit}, idempotent=True)
         return [_record(row) for row in rows]
 
     async def purge_published(self, *, older_than: Duration) -> int:

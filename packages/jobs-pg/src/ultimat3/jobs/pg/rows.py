@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from ultimat3.jobs.core.constants import WAKE_DUE_WITHIN_S, WAKE_SLOT_S
 from ultimat3.jobs.core.model import (
     BackfillRow,
     ClaimedJob,
     ClaimRef,
+    Enqueued,
     EnqueueRequest,
     ExhaustedJob,
     JobRow,
@@ -24,6 +26,8 @@ __all__ = [
     "backfill_row",
     "claimed_job",
     "dump_json",
+    "enqueue_answers",
+    "enqueue_params",
     "enqueue_rows",
     "exhausted_job",
     "job_row",
@@ -68,6 +72,31 @@ def enqueue_rows(requests: Sequence[EnqueueRequest]) -> str:
             for r in requests
         ]
     )
+
+
+def enqueue_params(requests: Sequence[EnqueueRequest], now: datetime) -> dict[str, Any]:
+    """What SQL_ENQUEUE (and the scheduler's fire, which inserts by its rules) takes for
+    ``requests`` enqueued at ``now``: the ``rows`` document, ``now``, the wake slot of ``now``
+    and ``due_by``, the latest run time whose row is announced."""
+    return {
+        "rows": enqueue_rows(requests),
+        "now": now,
+        "slot": int(now.timestamp() // WAKE_SLOT_S),
+        "due_by": now + timedelta(seconds=WAKE_DUE_WITHIN_S),
+    }
+
+
+def enqueue_answers(
+    requests: Sequence[EnqueueRequest],
+    refused: Iterable[Sequence[Any]],
+) -> list[Enqueued | None]:
+    """Per request, its answer from the ``(ord, id, run_id)`` rows an enqueue refused (ord counts
+    from 1): a request not refused inserted its own row; a refused one deduped onto the row
+    named — or is None when that row was not in the statement's snapshot (ask again)."""
+    answers: list[Enqueued | None] = [Enqueued(r.id, r.run_id) for r in requests]
+    for ord_, job_id, run_id in refused:
+        answers[ord_ - 1] = None if job_id is None else Enqueued(job_id, run_id, deduped=True)
+    return answers
 
 
 def progress_json(progress: Progress) -> str:

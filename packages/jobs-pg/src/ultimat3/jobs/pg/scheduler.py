@@ -31,8 +31,8 @@ from ultimat3.jobs.core.errors import InvariantError
 from ultimat3.jobs.core.ids import new_id
 from ultimat3.jobs.core.model import Enqueued, EnqueueRequest
 
-from .driver import _enqueue_params
 from .executor import PgTarget, pg_executor
+from .rows import enqueue_answers, enqueue_params, enqueue_rows
 from .sql_scheduler import (
     SQL_LEADER_ACQUIRE,
     SQL_LEADER_RELEASE,
@@ -72,13 +72,16 @@ class PostgresSchedulerState:
     async def watermarks(self, tasks: Sequence[str]) -> dict[str, int]:
         if not tasks:
             return {}
-        rows = await self._executor.fetch(SQL_SCHEDULER_WATERMARKS, {"tasks": list(tasks)})
+        rows = await self._executor.fetch(
+            SQL_SCHEDULER_WATERMARKS, {"tasks": list(tasks)}, idempotent=True
+        )
         return {task: int(mark) for task, mark in rows}
 
     async def arm(self, task: str, occurrence_ms: int) -> None:
         await self._executor.fetch(
             SQL_SCHEDULER_ARM,
             {"task": task, "occurrence_ms": occurrence_ms, "now": self._clock.now()},
+            idempotent=True,  # only ever forward: a repeat changes nothing
         )
 
     async def fire(
@@ -93,7 +96,7 @@ class PostgresSchedulerState:
         """Move ``task``'s watermark from ``previous`` to ``occurrence_ms`` and insert
         ``requests``, in one statement; None when the watermark was no longer ``previous``.
         ``fired_ms`` is the occurrence recorded as fired (``occurrence_ms`` when omitted)."""
-        params = _enqueue_params(requests, self._clock.now())
+        params = enqueue_params(requests, self._clock.now())
         params.update(
             task=task,
             previous=previous,
@@ -103,10 +106,7 @@ class PostgresSchedulerState:
         rows = await self._executor.fetch(SQL_SCHEDULER_FIRE, params)
         if not rows[0][0]:
             return None
-        answers: list[Enqueued | None] = [None] * len(requests)
-        for _fired, _announced, ord_, job_id, run_id, deduped in rows:
-            if ord_ is not None and job_id is not None:
-                answers[ord_ - 1] = Enqueued(job_id, run_id, deduped=deduped)
+        answers = enqueue_answers(requests, [row[2:] for row in rows if row[2] is not None])
         unanswered = [position for position, answer in enumerate(answers) if answer is None]
         if unanswered:
             await self._read_holders(requests, unanswered, answers)
@@ -121,13 +121,7 @@ class PostgresSchedulerState:
         """Answer the deduped requests whose holder the fire's snapshot could not see."""
         asked = [requests[position] for position in positions]
         rows = await self._executor.fetch(
-            SQL_SCHEDULER_HOLDERS,
-            {
-                "ids": [r.id for r in asked],
-                "names": [r.name for r in asked],
-                "tenants": [r.tenant_id for r in asked],
-                "keys": [r.idempotency_key for r in asked],
-            },
+            SQL_SCHEDULER_HOLDERS, {"rows": enqueue_rows(asked)}, idempotent=True
         )
         for ord_, job_id, run_id in rows:
             request = asked[ord_ - 1]
@@ -176,11 +170,14 @@ class PostgresLeaseLeader:
                 "now": now,
                 "expires_at": now + timedelta(seconds=self.ttl),
             },
+            idempotent=True,  # a repeat renews what the first took, and answers the same
         )
         return bool(rows)
 
     async def release(self) -> None:
-        await self._executor.fetch(SQL_LEADER_RELEASE, {"name": self.name, "holder": self.holder})
+        await self._executor.fetch(
+            SQL_LEADER_RELEASE, {"name": self.name, "holder": self.holder}, idempotent=True
+        )
 
     async def close(self) -> None:
         """Close the pool this leader opened from a URL; a pool or executor handed in is left

@@ -7,7 +7,9 @@ __all__ = ["SQL_CLAIM"]
 SQL_CLAIM = """
 -- Parameters: queues[] and limits[] (free slots per queue, element-wise), the claimant's now and
 -- lease_until (now + visibility timeout), worker_id, drop[] (job names
--- declaring dead_letter=False) and bucket (the 1-minute counter bucket of now).
+-- declaring dead_letter=False), bucket (the 1-minute counter bucket of now) and
+-- synchronous_commit ('off'; null keeps the session's setting, as the driver passes when the
+-- claim runs inside the caller's own transaction).
 --
 -- Guarantees, in this one statement:
 -- * a row goes to exactly one claimant: candidates are locked FOR UPDATE SKIP LOCKED, so two
@@ -32,9 +34,15 @@ SQL_CLAIM = """
 -- Why synchronous_commit is off for this statement alone: a claim lost in a server crash only
 -- leaves its rows as they were before it (claimable again), which is what a worker dying after
 -- its claim already means under at-least-once delivery. Not waiting for the WAL flush takes the
--- commit's disk wait (about a millisecond, more under load) out of every claim round.
+-- commit's disk wait (about a millisecond, more under load) out of every claim round. Inside a
+-- caller's transaction it stays as it was: a local setting outlives the statement there, and
+-- would make the caller's own COMMIT skip the flush.
 with durability as (
-    select set_config('synchronous_commit', 'off', true)
+    select set_config(
+        'synchronous_commit',
+        coalesce(%(synchronous_commit)s::text, current_setting('synchronous_commit')),
+        true
+    )
 ),
 slot as (
     select q.queue, q.free

@@ -1,41 +1,26 @@
-"""Enqueue: one statement inserts a whole batch and announces the queues it filled."""
+"""Enqueue: one statement inserts a batch of requests and announces the queues it filled.
+
+The scheduler's fire (``sql_scheduler.py``) inserts its jobs by the same rules, so the parts both
+statements share are kept here once: the request document, the insert, the announcement and the
+refusals (``ENQUEUE_REQUEST``, ``ENQUEUE_WRITE``, ``ENQUEUE_HOLDER``).
+"""
 
 from __future__ import annotations
 
-__all__ = ["SQL_ENQUEUE", "WAKE_CHANNEL"]
+__all__ = [
+    "ENQUEUE_HOLDER",
+    "ENQUEUE_REQUEST",
+    "ENQUEUE_WRITE",
+    "SQL_ENQUEUE",
+    "WAKE_CHANNEL",
+]
 
 WAKE_CHANNEL = "x_jobs_wake"
 """The LISTEN/NOTIFY channel. Its payload is a queue name and nothing else: every session
 listening on the channel reads it."""
 
-SQL_ENQUEUE = """
--- Parameters: rows, a JSON array with one array per request:
---   [id, run_id, name, queue, input (its JSON text, as a string), idempotency_key, tenant_id,
---    max_attempts, run_at (ISO 8601), enqueued_by, traceparent];
--- the enqueuer's now, the wake slot of now (floor(now / WAKE_SLOT_S)) and
--- due_by = now + WAKE_DUE_WITHIN_S.
--- (One document rather than eleven arrays: encoding it costs the client a third as much. It is
--- read as jsonb, parsed once — a json document would be parsed again for every field read, ten
--- times the cost. The input travels as a string holding its own JSON text, so it is stored byte
--- for byte, NUL escapes included.)
---
--- Guarantees, per request, in this one statement:
--- * nothing is inserted when the id already names a row (any state) or a LIVE row holds
---   (name, tenant, idempotency key) — ON CONFLICT DO NOTHING arbitrates the primary key and the
---   partial unique index together, so two racing enqueues cannot both insert;
--- * the answer lists only the requests that inserted nothing (every other one inserted its own
---   row), each with the row that was there: the row under this id first, else the live holder
---   (NULL ids mean that row committed after this statement's snapshot: ask again). It is never
---   empty — its first column counts the queues announced — so the NOTIFYs always run;
--- * a queue is announced on x_jobs_wake only for rows due within WAKE_DUE_WITHIN_S, never for a
---   dedupe, and at most once per wake slot while rows wait in it: a burst announces once, and
---   its later rows stay silent because the woken worker is coming for the queue anyway. A row
---   that finds nothing else waiting in its queue (the worker took everything and may be back
---   asleep) is announced even inside an announced slot, so a lone job never waits for a poll.
---   The slot row is taken with SKIP LOCKED: an enqueuer never waits on another one's
---   announcement. NOTIFY is delivered on commit.
--- The requests of one call never share an id or a live key (the driver splits such a batch).
-with request as (
+ENQUEUE_REQUEST = """
+    -- One row per element of rows (request i has ord i, counting from 1).
     select r->>0 as id,
            r->>1 as run_id,
            r->>2 as name,
@@ -48,9 +33,31 @@ with request as (
            r->>9 as enqueued_by,
            r->>10 as traceparent,
            ord
-    from jsonb_array_elements(%(rows)s::jsonb) with ordinality as e (r, ord)
-),
+    from jsonb_array_elements(%(rows)s::jsonb) with ordinality as e (r, ord)"""
+"""The ``request`` CTE's query: the ``rows`` document as one row per request."""
+
+ENQUEUE_HOLDER = """
+    -- The row a request r meets: the row under its id first, else the LIVE row holding its
+    -- (name, tenant, idempotency key).
+    (select j.id, j.run_id, 1 as rank
+     from x_jobs j
+     where j.id = r.id)
+    union all
+    (select j.id, j.run_id, 2 as rank
+     from x_jobs j
+     where j.name = r.name
+       and coalesce(j.tenant_id, '') = coalesce(r.tenant_id, '')
+       and j.idempotency_key = r.idempotency_key
+       and j.state in ('ready', 'delayed', 'running', 'suspended'))
+    order by rank
+    limit 1"""
+"""A lateral subquery over a request ``r``: the row that was there (at most one)."""
+
+ENQUEUE_WRITE = f"""
 inserted as (
+    -- Rows go in key order, not request order: two enqueues whose batches share keys then wait
+    -- on each other's keys in the same order, and cannot deadlock. (Requests sharing a key are
+    -- inserted in request order: the first one wins.)
     insert into x_jobs (
         id, run_id, name, queue, state, attempt, max_attempts, run_at, created_at, updated_at,
         idempotency_key, tenant_id, input, enqueued_by, traceparent
@@ -60,7 +67,7 @@ inserted as (
            0, max_attempts, run_at, %(now)s, %(now)s,
            idempotency_key, tenant_id, input::json, enqueued_by, traceparent
     from request
-    order by ord
+    order by name, coalesce(tenant_id, ''), idempotency_key, ord
     on conflict do nothing
     returning id, run_id, queue, run_at
 ),
@@ -79,11 +86,13 @@ idle as (
     )
 ),
 woken as (
+    -- A slot other than this enqueuer's, earlier OR later: an enqueuer whose clock runs ahead
+    -- must not silence the queue for everyone else until real time catches up with it.
     update x_job_wake w
     set slot = %(slot)s
     from (
         select queue from x_job_wake
-        where queue in (select queue from announce) and slot < %(slot)s
+        where queue in (select queue from announce) and slot <> %(slot)s
         order by queue
         for update skip locked
     ) held
@@ -106,22 +115,44 @@ announced as (
 refused as (
     select r.ord, e.id, e.run_id
     from request r
-    left join lateral (
-        (select j.id, j.run_id, 1 as rank
-         from x_jobs j
-         where j.id = r.id)
-        union all
-        (select j.id, j.run_id, 2 as rank
-         from x_jobs j
-         where j.name = r.name
-           and coalesce(j.tenant_id, '') = coalesce(r.tenant_id, '')
-           and j.idempotency_key = r.idempotency_key
-           and j.state in ('ready', 'delayed', 'running', 'suspended'))
-        order by rank
-        limit 1
+    left join lateral ({ENQUEUE_HOLDER}
     ) e on true
     where not exists (select 1 from inserted i where i.id = r.id)
-)
+)"""
+"""The CTEs after ``request``: insert, announce (``announced``), and answer the requests that
+inserted nothing (``refused``)."""
+
+SQL_ENQUEUE = f"""
+-- Parameters: rows, a JSON array with one array per request:
+--   [id, run_id, name, queue, input (its JSON text, as a string), idempotency_key, tenant_id,
+--    max_attempts, run_at (ISO 8601), enqueued_by, traceparent];
+-- the enqueuer's now, the wake slot of now (floor(now / WAKE_SLOT_S)) and
+-- due_by = now + WAKE_DUE_WITHIN_S.
+-- (One document rather than eleven arrays: encoding it costs the client a third as much. It is
+-- read as jsonb, parsed once — a json document would be parsed again for every field read, ten
+-- times the cost. The input travels as a string holding its own JSON text, so it is stored byte
+-- for byte, NUL escapes included.)
+--
+-- Guarantees, per request, in this one statement:
+-- * nothing is inserted when the id already names a row (any state) or a LIVE row holds
+--   (name, tenant, idempotency key) — ON CONFLICT DO NOTHING arbitrates the primary key and the
+--   partial unique index together, so two racing enqueues cannot both insert;
+-- * rows are inserted in key order, so two enqueues sharing keys never deadlock;
+-- * the answer lists only the requests that inserted nothing (every other one inserted its own
+--   row), each with the row that was there: the row under this id first, else the live holder
+--   (NULL ids mean that row committed after this statement's snapshot: ask again). It is never
+--   empty — its first column counts the queues announced — so the NOTIFYs always run;
+-- * a queue is announced on x_jobs_wake only for rows due within WAKE_DUE_WITHIN_S, never for a
+--   dedupe, and at most once per wake slot while rows wait in it: a burst announces once, and
+--   its later rows stay silent because the woken worker is coming for the queue anyway. A row
+--   that finds nothing else waiting in its queue (the worker took everything and may be back
+--   asleep) is announced even inside an announced slot, so a lone job never waits for a poll.
+--   The slot row is taken with SKIP LOCKED: an enqueuer never waits on another one's
+--   announcement. NOTIFY is delivered on commit.
+-- The requests of one call never share an id or a live key (the driver splits such a batch).
+with request as ({ENQUEUE_REQUEST}
+),
+{ENQUEUE_WRITE}
 select a.queues, f.ord, f.id, f.run_id
 from announced a
 left join refused f on true

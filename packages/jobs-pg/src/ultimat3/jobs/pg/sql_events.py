@@ -12,10 +12,14 @@ __all__ = ["SQL_EVENT_LOOKUP", "SQL_EVENT_NOW", "SQL_EVENT_PUBLISH", "SQL_EVENT_
 SQL_EVENT_PUBLISH = """
 -- Parameters: id, event, payload (JSON text), ttl_s (seconds the event stays matchable).
 -- Stamps published_at and expires_at with the database's now(), never a process's clock.
--- Answers the row as stored (the payload as jsonb reads it back).
-insert into x_job_events (id, event, payload, published_at, expires_at)
+-- Answers the row as stored (the payload as jsonb reads it back). Publishing an id again stores
+-- nothing and answers the row stored under it: a publish repeated after its answer was lost
+-- is the same event, not a second one.
+insert into x_job_events as e (id, event, payload, published_at, expires_at)
 values (%(id)s, %(event)s, %(payload)s::jsonb, now(), now() + make_interval(secs => %(ttl_s)s))
-returning id, event, payload, published_at, expires_at
+on conflict (id) do update
+set id = excluded.id
+returning e.id, e.event, e.payload, e.published_at, e.expires_at
 """
 
 SQL_EVENT_LOOKUP = """

@@ -51,12 +51,19 @@ select exists (select 1 from taken)
 """
 
 SQL_LEASE_RENEW = """
--- Parameters: key, holder, now, expires_at. Extends a slot the holder still holds; a lapsed slot
--- is not revived (another holder may have it by now). Answers whether it landed. Committed
--- without waiting for the WAL flush: a renewal lost in a crash only shortens the slot.
+-- Parameters: key, holder, now, expires_at, synchronous_commit (as SQL_CLAIM takes it). Extends
+-- a slot the holder still holds; a lapsed slot is not revived (another holder may have it by
+-- now). Answers whether it landed. Committed without waiting for the WAL flush: a renewal lost in
+-- a crash only shortens the slot.
 update x_job_leases
 set expires_at = %(expires_at)s
-from (select set_config('synchronous_commit', 'off', true)) as durability
+from (
+    select set_config(
+        'synchronous_commit',
+        coalesce(%(synchronous_commit)s::text, current_setting('synchronous_commit')),
+        true
+    )
+) as durability
 where key = %(key)s and holder = %(holder)s and expires_at > %(now)s
 returning 1
 """

@@ -63,9 +63,12 @@ SQL_OUTBOX_CLAIM = """
 -- before the relay has published anything — so the statement that locks the rows also STAMPS
 -- them (claimed_by, claimed_at), and that stamp is the lease that keeps a second relay off them.
 -- Guarantees:
--- * only unpublished rows nobody holds are taken: never claimed, handed back, or claimed so long
---   ago that the claim lapsed (the relay died mid-batch) — a row is never held by two relays
+-- * only unpublished rows nobody else holds are taken: never claimed, handed back, or claimed so
+--   long ago that the claim lapsed (the relay died mid-batch) — a row is never held by two relays
 --   inside its lease;
+-- * rows the same claimant already holds are taken again (and their claim renewed): a claim
+--   repeated because its answer was lost answers the batch the first one stamped, instead of
+--   stranding it until the lease lapses and handing out later rows ahead of it;
 -- * up to limit rows in (staged_at, id) order, a total order: a batch a failed publish handed
 --   back is taken again ahead of every row staged after it, so later rows never overtake it;
 -- * SKIP LOCKED: a relay never waits on rows another relay is claiming at this instant;
@@ -76,7 +79,7 @@ with free as materialized (
     select id
     from x_outbox
     where published_at is null
-      and (claimed_by is null or claimed_at <= %(lapsed_before)s)
+      and (claimed_by is null or claimed_by = %(claimant)s or claimed_at <= %(lapsed_before)s)
     order by staged_at, id
     limit %(limit)s
     for update skip locked

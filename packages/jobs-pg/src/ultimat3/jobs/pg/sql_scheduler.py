@@ -12,6 +12,8 @@ belongs to a session and is dropped the moment a pooled connection goes back to 
 
 from __future__ import annotations
 
+from .sql_enqueue import ENQUEUE_HOLDER, ENQUEUE_REQUEST, ENQUEUE_WRITE
+
 __all__ = [
     "SQL_LEADER_ACQUIRE",
     "SQL_LEADER_RELEASE",
@@ -39,11 +41,10 @@ set occurrence_ms = excluded.occurrence_ms, updated_at = excluded.updated_at
 where w.occurrence_ms < excluded.occurrence_ms
 """
 
-SQL_SCHEDULER_FIRE = """
+SQL_SCHEDULER_FIRE = f"""
 -- Parameters: task, previous (the watermark the firing node last read; null: none yet),
--- occurrence_ms (the new watermark), fired_ms (the occurrence that dispatched), now, and one
--- array per EnqueueRequest field (element i of each array is request i), as SQL_ENQUEUE takes
--- them.
+-- occurrence_ms (the new watermark), fired_ms (the occurrence that dispatched), and the requests
+-- exactly as SQL_ENQUEUE takes them: rows, now, slot, due_by.
 --
 -- Guarantees, in this one statement:
 -- * the watermark moves from previous to occurrence_ms, or nothing happens at all. The move is a
@@ -51,17 +52,14 @@ SQL_SCHEDULER_FIRE = """
 --   inserts no job, records no fire and notifies no one, and the answer's fired is false. A
 --   concurrent fire of the same occurrence waits on the row lock and then re-reads the moved
 --   watermark, so exactly one of them fires;
--- * the jobs are inserted under SQL_ENQUEUE's rules: nothing is inserted when the id already names
---   a row (any state) or a LIVE row holds (name, tenant, idempotency key); each answer names the
---   row that was there. A null answer means that row is not in this statement's snapshot (it
---   committed meanwhile, or an earlier request of this same fire holds the key):
---   SQL_SCHEDULER_HOLDERS reads it once this statement committed;
--- * x_task_fires records fired_ms, never moving a task's record back to an older occurrence;
--- * x_jobs_wake is notified once per queue this fire inserted a row in (delivered on commit),
---   never for a dedupe and never for a refused fire.
--- The answer is one row per request (ord, id, run_id, deduped), each carrying fired and the
--- queues announced — or one row of nulls besides fired when there are no requests or the fire
--- was refused.
+-- * the jobs are inserted, announced and answered by SQL_ENQUEUE's own CTEs (see there): a
+--   request that inserted nothing is answered with the row that was there, and a null id means
+--   that row is not in this statement's snapshot (it committed meanwhile, or an earlier request
+--   of this same fire holds the key): SQL_SCHEDULER_HOLDERS reads it once this statement
+--   committed;
+-- * x_task_fires records fired_ms, never moving a task's record back to an older occurrence.
+-- The answer is fired and the queues announced, with one row per refused request (ord, id,
+-- run_id) — or one row of nulls besides them when nothing was refused.
 with moved as (
     update x_scheduler_watermarks
     set occurrence_ms = %(occurrence_ms)s, updated_at = %(now)s
@@ -80,93 +78,32 @@ fired as (
     union all
     select task from created
 ),
-request as (
-    select r.*
-    from unnest(
-        %(ids)s::text[], %(run_ids)s::text[], %(names)s::text[], %(queues)s::text[],
-        %(inputs)s::text[], %(keys)s::text[], %(tenants)s::text[], %(max_attempts)s::int[],
-        %(run_ats)s::timestamptz[], %(enqueued_bys)s::text[], %(traceparents)s::text[]
-    ) with ordinality as r (
-        id, run_id, name, queue, input, idempotency_key, tenant_id, max_attempts,
-        run_at, enqueued_by, traceparent, ord
-    )
+request as ({ENQUEUE_REQUEST}
     where exists (select 1 from fired)
 ),
-inserted as (
-    insert into x_jobs (
-        id, run_id, name, queue, state, attempt, max_attempts, run_at, created_at, updated_at,
-        idempotency_key, tenant_id, input, enqueued_by, traceparent
-    )
-    select id, run_id, name, queue,
-           case when run_at > %(now)s then 'delayed' else 'ready' end,
-           0, max_attempts, run_at, %(now)s, %(now)s,
-           idempotency_key, tenant_id, input::json, enqueued_by, traceparent
-    from request
-    order by ord
-    on conflict do nothing
-    returning id, run_id, queue
-),
+{ENQUEUE_WRITE},
 recorded as (
     insert into x_task_fires as f (task, occurrence_ms, fired_at)
     select task, %(fired_ms)s, %(now)s from fired
     on conflict (task) do update
     set occurrence_ms = excluded.occurrence_ms, fired_at = excluded.fired_at
     where f.occurrence_ms <= excluded.occurrence_ms
-),
-answer as (
-    select r.ord,
-           coalesce(i.id, e.id) as id,
-           coalesce(i.run_id, e.run_id) as run_id,
-           i.id is null as deduped
-    from request r
-    left join inserted i on i.id = r.id
-    left join lateral (
-        (select j.id, j.run_id, 1 as rank
-         from x_jobs j
-         where i.id is null and j.id = r.id)
-        union all
-        (select j.id, j.run_id, 2 as rank
-         from x_jobs j
-         where i.id is null
-           and j.name = r.name
-           and coalesce(j.tenant_id, '') = coalesce(r.tenant_id, '')
-           and j.idempotency_key = r.idempotency_key
-           and j.state in ('ready', 'delayed', 'running', 'suspended'))
-        order by rank
-        limit 1
-    ) e on true
 )
-select outcome.fired, outcome.announced, a.ord, a.id, a.run_id, a.deduped
-from (
-    select exists (select 1 from fired) as fired,
-           (select count(pg_notify('x_jobs_wake', q.queue))
-            from (select distinct queue from inserted) q) as announced
-) outcome
-left join answer a on true
-order by a.ord
+select exists (select 1 from fired) as fired, a.queues, f.ord, f.id, f.run_id
+from announced a
+left join refused f on true
 """
 
-SQL_SCHEDULER_HOLDERS = """
--- Parameters: ids, names, tenants, keys (element i of each array is request i).
+SQL_SCHEDULER_HOLDERS = f"""
+-- Parameters: rows (SQL_ENQUEUE's document, of the requests asked about).
 -- Per request of a fire that committed, the row it deduped onto: the row under its id, else the
--- LIVE row holding its (name, tenant, idempotency key) — the same order SQL_ENQUEUE answers in.
+-- LIVE row holding its (name, tenant, idempotency key) — the lookup SQL_ENQUEUE answers with.
 -- A null answer means that row is gone again (finished and removed since).
+with request as ({ENQUEUE_REQUEST}
+)
 select r.ord, e.id, e.run_id
-from unnest(%(ids)s::text[], %(names)s::text[], %(tenants)s::text[], %(keys)s::text[])
-     with ordinality as r (id, name, tenant_id, idempotency_key, ord)
-left join lateral (
-    (select j.id, j.run_id, 1 as rank
-     from x_jobs j
-     where j.id = r.id)
-    union all
-    (select j.id, j.run_id, 2 as rank
-     from x_jobs j
-     where j.name = r.name
-       and coalesce(j.tenant_id, '') = coalesce(r.tenant_id, '')
-       and j.idempotency_key = r.idempotency_key
-       and j.state in ('ready', 'delayed', 'running', 'suspended'))
-    order by rank
-    limit 1
+from request r
+left join lateral ({ENQUEUE_HOLDER}
 ) e on true
 order by r.ord
 """

@@ -119,7 +119,7 @@ select id from nacked
 
 SQL_HEARTBEAT = """
 -- Parameters: rows, a JSON array of [id, worker_id, claim, lease_until (ISO 8601: now + that
--- run's visibility timeout)].
+-- run's visibility timeout)]; synchronous_commit (as SQL_CLAIM takes it).
 -- Guarantees: a lease is extended only under its own claim; a cancelled row, or one whose lease
 -- lapsed and was claimed again, is not renewed — which is how the run learns it lost the row.
 -- Committed without waiting for the WAL flush: a renewal lost in a server crash only shortens
@@ -130,7 +130,11 @@ from (
     select r->>0 as id, r->>1 as worker_id, r->>2 as claim, (r->>3)::timestamptz as lease_until
     from jsonb_array_elements(%(rows)s::jsonb) r
 ) s,
-(select set_config('synchronous_commit', 'off', true)) as durability
+(select set_config(
+     'synchronous_commit',
+     coalesce(%(synchronous_commit)s::text, current_setting('synchronous_commit')),
+     true
+ )) as durability
 where j.id = s.id
   and j.state = 'running'
   and j.worker_id = s.worker_id
@@ -165,12 +169,19 @@ returning 1
 """
 
 SQL_RECORD_PROGRESS = """
--- Parameters: id, worker_id, claim (the fence), progress (JSON text: {done, total, note}).
+-- Parameters: id, worker_id, claim (the fence), progress (JSON text: {done, total, note}),
+-- synchronous_commit (as SQL_CLAIM takes it).
 -- Guarantees: only the run holding the claim reports on the row. Committed without waiting for
 -- the WAL flush: a progress report is a hint, and the next one replaces it.
 update x_jobs
 set progress = %(progress)s::json
-from (select set_config('synchronous_commit', 'off', true)) as durability
+from (
+    select set_config(
+        'synchronous_commit',
+        coalesce(%(synchronous_commit)s::text, current_setting('synchronous_commit')),
+        true
+    )
+) as durability
 where id = %(id)s
   and state = 'running'
   and worker_id = %(worker_id)s

@@ -5,10 +5,15 @@ from __future__ import annotations
 __all__ = ["SQL_RECORD_WORKER", "SQL_REMOVE_WORKER", "SQL_WORKERS"]
 
 SQL_RECORD_WORKER = """
--- Parameters: the WorkerInfo fields, expires_at (now + ttl). One row per worker, replaced whole.
--- Committed without waiting for the WAL flush: the row is a report, renewed every heartbeat.
+-- Parameters: the WorkerInfo fields, expires_at (now + ttl), synchronous_commit (as SQL_CLAIM
+-- takes it). One row per worker, replaced whole. Committed without waiting for the WAL flush:
+-- the row is a report, renewed every heartbeat.
 with durability as (
-    select set_config('synchronous_commit', 'off', true)
+    select set_config(
+        'synchronous_commit',
+        coalesce(%(synchronous_commit)s::text, current_setting('synchronous_commit')),
+        true
+    )
 )
 insert into x_workers as w (id, host, started_at, queues, slots, in_flight, last_heartbeat,
                             expires_at)

@@ -178,7 +178,7 @@ class PgQueueWake:
         self._probe = f"{PROBE_PREFIX}{new_id()}"
         self._probe_arrived.clear()
         try:
-            await self._executor.fetch(SQL_WAKE_PROBE, {"payload": self._probe})
+            await self._executor.fetch(SQL_WAKE_PROBE, {"payload": self._probe}, idempotent=True)
         except Exception as exc:
             self._unverified(f"the probe could not be sent: {exc}")
             return
