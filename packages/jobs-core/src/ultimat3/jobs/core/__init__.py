@@ -24,6 +24,16 @@ from .events import event_bus, memory_event_bus, publish_event, reset_event_bus,
 from .execute import JobExecution, execute_job, failure_verdict
 from .facade import job_driver, jobs_facade, reset_job_driver, set_job_driver, set_jobs_facade
 from .ids import new_id
+from .introspection import (
+    cancel_job,
+    inspect_dead_letters,
+    inspect_job,
+    inspect_manifest,
+    inspect_queues,
+    promote_job,
+    remove_job,
+    retry_job,
+)
 from .job import AnyJobHandle, Concurrency, JobDescriptor, JobHandle, job, job_lease_key
 from .leader import LeaseStoreLeader, lease_store_leader
 from .lifecycle import configure_lifecycle, install_shutdown_signals, on_shutdown, shutdown
@@ -208,4 +218,12 @@ __all__ = [
     "WorkerStats",
     "job_worker",
     "lease_store_leader",
+    "cancel_job",
+    "inspect_dead_letters",
+    "inspect_job",
+    "inspect_manifest",
+    "inspect_queues",
+    "promote_job",
+    "remove_job",
+    "retry_job",
 ]

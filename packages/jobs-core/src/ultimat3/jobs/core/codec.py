@@ -15,7 +15,7 @@ from .errors import JobDeclarationInvalidError, JobInputInvalidError
 from .jsonvalue import to_json
 from .model import JsonValue
 
-__all__ = ["InputCodec", "input_codec"]
+__all__ = ["InputCodec"]
 
 InputT = TypeVar("InputT")
 
@@ -85,7 +85,3 @@ class InputCodec(Generic[InputT]):
                 f"input of type {self.type_name} cannot be stored as JSON: {exc}",
                 meta={"input_type": self.type_name},
             ) from exc
-
-
-def input_codec(declared: type[InputT] | None) -> InputCodec[InputT]:
-    return InputCodec(declared)

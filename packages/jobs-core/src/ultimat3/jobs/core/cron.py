@@ -27,7 +27,7 @@ from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 from .clock import utc
-from .task import _croniter
+from .task import croniter_module
 
 __all__ = ["instant_of", "latest_occurrence", "next_occurrence", "occurrence_ms"]
 
@@ -48,7 +48,7 @@ def next_occurrence(cron: str, zone: ZoneInfo, after: datetime) -> datetime:
     after = utc(after)
     # The instant a wall time maps to never decreases as the wall time grows, so no wall time
     # before ``after``'s own can map past it: the walk starts there.
-    walls = _croniter().croniter(cron, after.astimezone(zone).replace(tzinfo=None))
+    walls = croniter_module().croniter(cron, after.astimezone(zone).replace(tzinfo=None))
     while True:
         instant = _instant(walls.get_next(datetime), zone)
         if instant > after:

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import datetime, timedelta
 
-from . import facade
 from .clock import SYSTEM_CLOCK, Clock
 from .constants import DEFAULT_EVENT_TTL_S
+from .facade import installed_driver
 from .ids import new_id
 from .jsonvalue import json_contains, json_roundtrip
 from .model import EventRecord, JsonValue
@@ -94,7 +94,7 @@ def set_event_bus(bus: EventBus | None) -> None:
 def event_bus() -> EventBus:
     if _installed is not None:
         return _installed
-    driver = facade._driver
+    driver = installed_driver()
     if driver is not None and driver.events is not None:
         return driver.events
     return _memory

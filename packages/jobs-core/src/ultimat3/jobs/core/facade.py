@@ -6,13 +6,15 @@ driver; with neither, ``X_DRIVER_UNAVAILABLE`` at the call — never a silently 
 
 from __future__ import annotations
 
-from .clock import Clock
+from .clock import SYSTEM_CLOCK, Clock
 from .errors import DriverUnavailableError
 from .model import Enqueued, EnqueueRequest
 from .protocol import JobDriver, JobsFacade
 from .wake import signal_enqueued
 
 __all__ = [
+    "enqueuer_clock",
+    "installed_driver",
     "job_driver",
     "jobs_facade",
     "publish",
@@ -74,6 +76,11 @@ def jobs_facade() -> JobsFacade:
     return _facade if _facade is not None else _DIRECT
 
 
-def _driver_clock() -> Clock | None:
-    """The installed driver's clock: the enqueuer's clock, which stamps ``run_at``."""
-    return _driver.clock if _driver is not None else None
+def installed_driver() -> JobDriver | None:
+    """The installed driver, or None (``job_driver()`` raises instead)."""
+    return _driver
+
+
+def enqueuer_clock() -> Clock:
+    """The clock an enqueue stamps ``run_at`` with: the installed driver's, else the system's."""
+    return _driver.clock if _driver is not None else SYSTEM_CLOCK

@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeAlias, TypeVar, cast, overload
 
 from . import registry
-from .clock import SYSTEM_CLOCK, Clock, utc
+from .clock import Clock, utc
 from .codec import InputCodec
 from .constants import DEFAULT_EVENT_POLL_S, DEFAULT_QUEUE, MAX_CONCURRENCY_KEY_LENGTH
 from .context import JobContext, ProgressFn, Settled
@@ -32,7 +32,7 @@ from .errors import (
     JobTenantMismatchError,
     JobTenantRequiredError,
 )
-from .facade import _driver_clock, jobs_facade
+from .facade import enqueuer_clock, jobs_facade
 from .ids import new_id
 from .model import Enqueued, EnqueueRequest
 from .retry import Retry
@@ -251,7 +251,7 @@ class JobHandle(Generic[InputT, ResultT]):
             tenant_id = declared
         if delay is not None and run_at is not None:
             raise InvariantError("pass delay or run_at, not both")
-        now = (clock or _driver_clock() or SYSTEM_CLOCK).now()
+        now = (clock or enqueuer_clock()).now()
         if run_at is not None:
             due = utc(run_at)
         elif delay is not None:

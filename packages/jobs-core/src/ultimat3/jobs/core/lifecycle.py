@@ -24,16 +24,18 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from .clock import Clock
-from .constants import DRAIN_DEADLINE_S
+from .constants import DRAIN_DEADLINE_S, IDLE_POLL_CEILING_S, WOKEN_IDLE_POLL_CEILING_S
 from .durations import Duration, parse_duration
 from .errors import InvariantError
 from .logs import log_event
+from .protocol import QueueWake
 
 __all__ = [
     "LateDeadline",
     "ShutdownHooks",
     "Wakeup",
     "configure_lifecycle",
+    "idle_ceiling",
     "install_shutdown_signals",
     "lifecycle_deadline",
     "on_shutdown",
@@ -127,6 +129,16 @@ def install_shutdown_signals() -> Callable[[], None]:
     return remove
 
 
+def idle_ceiling(declared: float | None, wake: QueueWake | None) -> float:
+    """Where a role's idle back-off stops doubling: what the role declared, else 5 s while a
+    cross-process wake is proven live (notifications carry the latency), else 2 s."""
+    if declared is not None:
+        return declared
+    if wake is not None and wake.live:
+        return WOKEN_IDLE_POLL_CEILING_S
+    return IDLE_POLL_CEILING_S
+
+
 def positive_seconds(value: Duration, field: str) -> float:
     """A role's interval or budget in seconds; zero, negative or malformed is ``X_INVARIANT``
     where it was written."""
@@ -175,10 +187,6 @@ class LateDeadline:
         self._clock = clock
         self._at: datetime | None = None
         self._moved = Wakeup()
-
-    @property
-    def at(self) -> datetime | None:
-        return self._at
 
     def bind(self, at: datetime) -> None:
         if self._at is None or at < self._at:

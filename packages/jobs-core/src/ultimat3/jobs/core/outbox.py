@@ -28,12 +28,19 @@ from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from .clock import Clock
-from .constants import IDLE_POLL_CEILING_S, OUTBOX_WAKE, WOKEN_IDLE_POLL_CEILING_S
+from .constants import OUTBOX_WAKE
 from .durations import Duration
 from .errors import InvariantError, OutboxNoTxError
 from .facade import publish
 from .ids import new_id
-from .lifecycle import LateDeadline, Wakeup, lifecycle_deadline, on_shutdown, positive_seconds
+from .lifecycle import (
+    LateDeadline,
+    Wakeup,
+    idle_ceiling,
+    lifecycle_deadline,
+    on_shutdown,
+    positive_seconds,
+)
 from .logs import log_event
 from .model import Enqueued, EnqueueRequest
 from .protocol import JobDriver, OutboxStore, QueueWake
@@ -173,11 +180,7 @@ class OutboxRelay:
             self._wakeup.ring()
 
     def _idle_ceiling(self) -> float:
-        if self._idle_max is not None:
-            return self._idle_max
-        if self._wake is not None and self._wake.live:
-            return WOKEN_IDLE_POLL_CEILING_S
-        return IDLE_POLL_CEILING_S
+        return idle_ceiling(self._idle_max, self._wake)
 
     async def _close(self, budget: float | None) -> None:
         budget = lifecycle_deadline() if budget is None else budget

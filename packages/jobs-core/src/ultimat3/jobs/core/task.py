@@ -15,10 +15,10 @@ from typing import Any, Literal, TypeAlias, overload
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from . import registry
-from .clock import SYSTEM_CLOCK, Clock
+from .clock import Clock
 from .constants import MAX_CATCH_UP
 from .errors import CronUnavailableError, JobDeclarationInvalidError
-from .facade import _driver_clock
+from .facade import enqueuer_clock
 from .job import AnyJobHandle, JobHandle
 from .model import Enqueued, EnqueueRequest
 
@@ -40,7 +40,8 @@ class TaskDescriptor:
     kind: Literal["task"] = "task"
 
 
-def _croniter() -> Any:
+def croniter_module() -> Any:
+    """croniter, which task() needs, or a clear error naming the extra that brings it."""
     try:
         import croniter
     except ImportError as exc:  # pragma: no cover - exercised only without the extra
@@ -137,7 +138,7 @@ class TaskHandle:
 
     async def enqueue(self) -> list[Enqueued]:
         """Fire every declared entry now, under each job's own idempotency key."""
-        clock = _driver_clock() or SYSTEM_CLOCK
+        clock = enqueuer_clock()
         now_ms = math.floor(clock.now().timestamp() * 1000)
         return [await handle.enqueue(value) for handle, value in self.entries(now_ms)]
 
@@ -158,7 +159,7 @@ AnyTaskHandle: TypeAlias = TaskHandle
 def _check_cron(cron: Any) -> str:
     if not isinstance(cron, str) or not cron.strip():
         raise JobDeclarationInvalidError("cron must be a non-empty string", meta={"field": "cron"})
-    if not _croniter().croniter.is_valid(cron):
+    if not croniter_module().croniter.is_valid(cron):
         raise JobDeclarationInvalidError(
             f"cron {cron!r} is not a valid cron expression", meta={"field": "cron"}
         )

@@ -48,12 +48,10 @@ from .concurrency import FleetSlots, SlotDecision, require_lease_store
 from .constants import (
     DEFAULT_QUEUE,
     DEFAULT_VISIBILITY_TIMEOUT_S,
-    IDLE_POLL_CEILING_S,
     JOBS_CONCURRENCY_DEFAULT,
     MAX_WORKER_IN_FLIGHT,
     POLL_INTERVAL_S,
     RESUME_TIMER_WINDOW_S,
-    WOKEN_IDLE_POLL_CEILING_S,
 )
 from .context import JobOutcome
 from .durations import Duration
@@ -71,6 +69,7 @@ from .job import AnyJobHandle
 from .lifecycle import (
     LateDeadline,
     Wakeup,
+    idle_ceiling,
     install_shutdown_signals,
     lifecycle_deadline,
     on_shutdown,
@@ -512,11 +511,7 @@ class JobWorker:
             loop.call_soon_threadsafe(self._wakeup.ring)
 
     def _idle_ceiling(self) -> float:
-        if self._idle_max is not None:
-            return self._idle_max
-        if self._wake is not None and self._wake.live:
-            return WOKEN_IDLE_POLL_CEILING_S
-        return IDLE_POLL_CEILING_S
+        return idle_ceiling(self._idle_max, self._wake)
 
     def _has_a_free_slot(self) -> bool:
         return any(slots > self._busy[queue] for queue, slots in self._slots.items())
