@@ -120,8 +120,10 @@ class _Cap:
     when_busy: Literal["wait", "fail"] = "wait"
 
 
-class JobHandle(Generic[InputT, ResultT]):
+class JobHandle(registry.Declared, Generic[InputT, ResultT]):
     """The surface of one declared job: ``enqueue``, ``as_``, ``describe`` and ``run``."""
+
+    kind = "job"
 
     def __init__(
         self,
@@ -155,34 +157,14 @@ class JobHandle(Generic[InputT, ResultT]):
                 "on_settled must be callable", meta={"field": "on_settled"}
             )
         self.on_settled = on_settled
-        self.module: str | None = getattr(body, "__module__", None)
-        qualname = getattr(body, "__qualname__", None)
-        self.origin = f"{self.module}:{qualname}" if self.module and qualname else None
-        self.explicit_name = name is not None
-        if name is not None:
-            self.name = _check_name(name, "name")
-        elif str(getattr(body, "__name__", "")).isidentifier():
-            self.name = body.__name__
-        else:
-            self.name = registry.anonymous_name("job")
-            self.origin = None
         self.parameters = _body_parameters(self.body)
         """The names the body asks for, in ``BODY_PARAMETERS`` order."""
-        registry.claim_name("job", self.name, self, explicit=self.explicit_name)
+        self._declare(body, name)
         self.__doc__ = body.__doc__
         self.__wrapped__ = body
 
     def __repr__(self) -> str:
         return f"<job {self.name!r} queue={self.queue!r}>"
-
-    def _stamp(self, name: str) -> None:
-        """Re-key under the export name ``define_api`` found (an explicit name never moves)."""
-        if self.explicit_name or name == self.name:
-            registry.claim_name("job", self.name, self, explicit=False)
-            return
-        registry.release_name("job", self.name, self)
-        self.name = name
-        registry.claim_name("job", name, self, explicit=True)
 
     # -- what the declaration derives from an input ------------------------------------------
 

@@ -10,17 +10,25 @@ from __future__ import annotations
 
 import itertools
 import types
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from .errors import JobNameTakenError
+from .errors import JobDeclarationInvalidError, JobNameTakenError
 
 if TYPE_CHECKING:
     from .job import AnyJobHandle
     from .task import AnyTaskHandle
 
-__all__ = ["Api", "define_api", "job_named", "registered_jobs", "registered_tasks", "task_named"]
+__all__ = [
+    "Api",
+    "Declared",
+    "define_api",
+    "job_named",
+    "registered_jobs",
+    "registered_tasks",
+    "task_named",
+]
 
 _jobs: dict[str, AnyJobHandle] = {}
 _tasks: dict[str, AnyTaskHandle] = {}
@@ -60,6 +68,45 @@ def release_name(kind: str, name: str, handle: Any) -> None:
     table = _table(kind)
     if table.get(name) is handle:
         del table[name]
+
+
+class Declared:
+    """The naming jobs and tasks share: a durable name from ``name=`` (kept forever), else the
+    function's name, else ``anonymous-<kind>-N``; and the re-stamp ``define_api`` performs."""
+
+    kind: ClassVar[str]
+    name: str
+    module: str | None
+    origin: str | None
+    explicit_name: bool
+
+    def _declare(self, fn: Callable[..., Any], name: str | None) -> None:
+        self.module = getattr(fn, "__module__", None)
+        qualname = getattr(fn, "__qualname__", None)
+        self.origin = f"{self.module}:{qualname}" if self.module and qualname else None
+        self.explicit_name = name is not None
+        if name is not None:
+            if not isinstance(name, str) or not name.strip():
+                raise JobDeclarationInvalidError(
+                    f"{self.kind} name must be a non-empty string, got {name!r}",
+                    meta={"field": "name"},
+                )
+            self.name = name
+        elif str(getattr(fn, "__name__", "")).isidentifier():
+            self.name = fn.__name__
+        else:
+            self.name = anonymous_name(self.kind)
+            self.origin = None
+        claim_name(self.kind, self.name, self, explicit=self.explicit_name)
+
+    def _stamp(self, name: str) -> None:
+        """Re-key under the export name ``define_api`` found (an explicit name never moves)."""
+        if self.explicit_name or name == self.name:
+            claim_name(self.kind, self.name, self, explicit=False)
+            return
+        release_name(self.kind, self.name, self)
+        self.name = name
+        claim_name(self.kind, name, self, explicit=True)
 
 
 def job_named(name: str) -> AnyJobHandle | None:

@@ -51,7 +51,9 @@ def croniter_module() -> Any:
     return croniter
 
 
-class TaskHandle:
+class TaskHandle(registry.Declared):
+    kind = "task"
+
     def __init__(
         self,
         enqueue: EnqueueFn,
@@ -83,31 +85,10 @@ class TaskHandle:
         self.max_catch_up = max_catch_up
         self._enqueue = enqueue
         self._takes_occurrence = bool(inspect.signature(enqueue).parameters)
-        self.module: str | None = getattr(enqueue, "__module__", None)
-        qualname = getattr(enqueue, "__qualname__", None)
-        self.origin = f"{self.module}:{qualname}" if self.module and qualname else None
-        self.explicit_name = name is not None
-        if name is not None:
-            if not isinstance(name, str) or not name.strip():
-                raise JobDeclarationInvalidError("task name must be a non-empty string")
-            self.name = name
-        elif str(getattr(enqueue, "__name__", "")).isidentifier():
-            self.name = enqueue.__name__
-        else:
-            self.name = registry.anonymous_name("task")
-            self.origin = None
-        registry.claim_name("task", self.name, self, explicit=self.explicit_name)
+        self._declare(enqueue, name)
 
     def __repr__(self) -> str:
         return f"<task {self.name!r} cron={self.cron!r} tz={self.tz!r}>"
-
-    def _stamp(self, name: str) -> None:
-        if self.explicit_name or name == self.name:
-            registry.claim_name("task", self.name, self, explicit=False)
-            return
-        registry.release_name("task", self.name, self)
-        self.name = name
-        registry.claim_name("task", name, self, explicit=True)
 
     def entries(self, occurrence_ms: int = 0) -> list[tuple[AnyJobHandle, Any]]:
         """The declared ``(job, input)`` pairs for one occurrence."""
