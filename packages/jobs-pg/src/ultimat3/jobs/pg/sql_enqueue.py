@@ -53,7 +53,7 @@ ENQUEUE_HOLDER = """
     limit 1"""
 """A lateral subquery over a request ``r``: the row that was there (at most one)."""
 
-ENQUEUE_WRITE = f"""
+ENQUEUE_WRITE = f"""\
 inserted as (
     -- Rows go in key order, not request order: two enqueues whose batches share keys then wait
     -- on each other's keys in the same order, and cannot deadlock. (Requests sharing a key are
