@@ -292,8 +292,9 @@ class OutboxStore(Protocol):
     async def claim(
         self, *, claimant: str, limit: int, lease: float
     ) -> builtins.list[OutboxRecord]:
-        """Up to ``limit`` rows no live claim holds, in ``(staged_at, id)`` order, stamped with
-        ``claimant`` for ``lease`` seconds in the same operation."""
+        """Up to ``limit`` rows no live claim holds (or ``claimant`` holds already: a claim
+        repeated after a lost answer gets its batch back), in ``(staged_at, id)`` order, stamped
+        with ``claimant`` for ``lease`` seconds in the same operation."""
         ...
 
     async def release(self, ids: Sequence[str], *, claimant: str) -> int:

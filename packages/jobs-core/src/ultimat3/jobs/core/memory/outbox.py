@@ -70,7 +70,8 @@ class MemoryOutboxStore:
             (
                 record
                 for record in self._rows.values()
-                if record.claimed_by is None or self._leases[record.request.id] <= now
+                if record.claimed_by in (None, claimant)  # a claimant asking again re-takes its own
+                or self._leases[record.request.id] <= now
             ),
             key=lambda record: (record.staged_at, record.request.id),
         )[:limit]
