@@ -61,6 +61,13 @@ class OutboxRules:
         rest = await jobs.outbox.claim(claimant="r2", limit=10, lease=30)
         assert [r.request.id for r in rest] == [requests[2].id]
 
+    async def test_a_claimant_asking_again_gets_its_own_rows_back(self, jobs: Conformance) -> None:
+        staged = await _staged(jobs, 3)
+        first = await jobs.outbox.claim(claimant="r1", limit=2, lease=30)
+        again = await jobs.outbox.claim(claimant="r1", limit=2, lease=30)
+        assert [r.request.id for r in again] == [r.request.id for r in first]
+        assert [r.request.id for r in first] == [r.id for r in staged[:2]]
+
     async def test_a_lapsed_claim_frees_its_rows(self, jobs: Conformance) -> None:
         (request,) = await _staged(jobs, 1)
         await jobs.outbox.claim(claimant="r1", limit=10, lease=30)
