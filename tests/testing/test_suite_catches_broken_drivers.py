@@ -413,4 +413,6 @@ def test_the_stateful_test_fails_the_broken_driver(
     broken: type[MemoryJobDriver], request: pytest.FixtureRequest
 ) -> None:
     with pytest.raises(AssertionError):
-        check_against_reference(_target(broken), request, max_examples=500, shrink=False)
+        check_against_reference(
+            _target(broken), request, max_examples=500, shrink=False, derandomize=True
+        )

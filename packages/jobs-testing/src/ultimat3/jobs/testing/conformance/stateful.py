@@ -469,10 +469,13 @@ def check_against_reference(
     max_examples: int | None = None,
     step_count: int | None = None,
     shrink: bool = True,
+    derandomize: bool = False,
 ) -> None:
     """Run the stateful test against ``factory``'s target; raises on the first difference.
 
     Counts default to ``UJOBS_CONFORMANCE_EXAMPLES`` / ``UJOBS_CONFORMANCE_STEPS``, else 25 x 30.
+    ``derandomize`` draws the same operations on every run (for a test that must catch a known
+    bug every time, not most times).
     """
     session = _Session(factory, request)
     budget = settings(
@@ -480,6 +483,7 @@ def check_against_reference(
         stateful_step_count=step_count or _env_count(STEPS_ENV, DEFAULT_STEPS),
         deadline=None,
         report_multiple_bugs=False,
+        derandomize=derandomize,
         suppress_health_check=[
             HealthCheck.too_slow,
             HealthCheck.filter_too_much,
