@@ -1,12 +1,9 @@
 """The shipped conformance suite against the Postgres driver."""
 
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 
-import psycopg
 import pytest
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from ultimat3.jobs.core import FrozenClock
 from ultimat3.jobs.pg import (
@@ -19,23 +16,15 @@ from ultimat3.jobs.pg import (
     truncate_tables,
 )
 from ultimat3.jobs.testing import ConformanceTarget, job_driver_conformance
+from ultimat3.jobs.testing.services import scratch_database
 
 
 @pytest.fixture(scope="module")
 def pg_conformance_url(postgres_url: str) -> Iterator[str]:
     """One database for the whole suite: each test starts from emptied tables, which is much
     cheaper than a database per test."""
-    name = f"ujobs_conformance_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(postgres_url, autocommit=True) as conn:
-        conn.execute(f'create database "{name}"')
-    url = make_conninfo("", **{**conninfo_to_dict(postgres_url), "dbname": name})
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(SQL_JOBS_TABLE)
-    try:
+    with scratch_database(postgres_url, setup=SQL_JOBS_TABLE) as url:
         yield url
-    finally:
-        with psycopg.connect(postgres_url, autocommit=True) as conn:
-            conn.execute(f'drop database if exists "{name}" with (force)')
 
 
 @asynccontextmanager

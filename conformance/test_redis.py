@@ -1,19 +1,17 @@
 """The shipped conformance suite against the Redis driver, with the outbox staged in Postgres
 (the pairing a deployment on Redis uses: the outbox must join the application's transaction)."""
 
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 
-import psycopg
 import pytest
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from ultimat3.jobs.core import FrozenClock
 from ultimat3.jobs.pg import SQL_JOBS_TABLE, pg_executor, truncate_tables
 from ultimat3.jobs.pg.outbox import postgres_outbox_store
 from ultimat3.jobs.redis import redis_job_driver, redis_lease_leader, redis_scheduler_state
 from ultimat3.jobs.testing import ConformanceTarget, job_driver_conformance
+from ultimat3.jobs.testing.services import scratch_database
 
 
 @pytest.fixture(scope="module")
@@ -25,17 +23,8 @@ def outbox_database(request: pytest.FixtureRequest) -> Iterator[str | None]:
     except pytest.skip.Exception:
         yield None
         return
-    name = f"ujobs_redis_outbox_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(postgres_url, autocommit=True) as conn:
-        conn.execute(f'create database "{name}"')
-    url = make_conninfo("", **{**conninfo_to_dict(postgres_url), "dbname": name})
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(SQL_JOBS_TABLE)
-    try:
+    with scratch_database(postgres_url, setup=SQL_JOBS_TABLE) as url:
         yield url
-    finally:
-        with psycopg.connect(postgres_url, autocommit=True) as conn:
-            conn.execute(f'drop database if exists "{name}" with (force)')
 
 
 @asynccontextmanager

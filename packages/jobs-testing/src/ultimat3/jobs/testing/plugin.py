@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from .services import Found, find_postgres, find_redis
+from .services import Found, find_postgres, find_redis, scratch_database
 
 __all__ = ["pg_database_url", "postgres_url", "redis_prefix", "redis_url"]
 
@@ -47,19 +47,8 @@ def postgres_url(_postgres_found: Found) -> str:
 @pytest.fixture
 def pg_database_url(postgres_url: str) -> Iterator[str]:
     """A fresh, empty database for one test, dropped after it."""
-    import psycopg
-    from psycopg.conninfo import conninfo_to_dict, make_conninfo
-
-    name = f"ujobs_test_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(postgres_url, autocommit=True) as conn:
-        conn.execute(f'create database "{name}"')
-    params = conninfo_to_dict(postgres_url)
-    params["dbname"] = name
-    try:
-        yield make_conninfo("", **params)
-    finally:
-        with psycopg.connect(postgres_url, autocommit=True) as conn:
-            conn.execute(f'drop database if exists "{name}" with (force)')
+    with scratch_database(postgres_url) as url:
+        yield url
 
 
 @pytest.fixture(scope="session")

@@ -22,6 +22,7 @@ import socket
 import subprocess
 import tempfile
 import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +38,7 @@ __all__ = [
     "find_redis",
     "postgres_binaries",
     "redis_server_binary",
+    "scratch_database",
     "start_local_postgres",
     "start_local_redis",
 ]
@@ -458,3 +460,24 @@ def find_redis(
         use_containers=containers,
         use_binaries=binaries,
     )
+
+
+@contextlib.contextmanager
+def scratch_database(server_url: str, *, setup: str | None = None) -> Iterator[str]:
+    """A new, empty database on ``server_url`` (with ``setup`` run in it, e.g. a schema) for the
+    block; answers its URL and drops it, connections and all, when the block ends."""
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    name = f"ujobs_test_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        conn.execute(f'create database "{name}"')
+    url = make_conninfo("", **{**conninfo_to_dict(server_url), "dbname": name})
+    try:
+        if setup is not None:
+            with psycopg.connect(url, autocommit=True) as conn:
+                conn.execute(setup)
+        yield url
+    finally:
+        with psycopg.connect(server_url, autocommit=True) as conn:
+            conn.execute(f'drop database if exists "{name}" with (force)')
