@@ -17,15 +17,7 @@ from ultimat3.jobs.core.clock import Clock
 from ultimat3.jobs.core.constants import COUNTER_TIERS, MAX_BULK_ROWS, MAX_TASK_FIRES
 from ultimat3.jobs.core.counters import rollup
 from ultimat3.jobs.core.cursor import page_limit, parse_cursor
-from ultimat3.jobs.core.errors import (
-    JobDuplicateError,
-    JobNotFoundError,
-    JobNotPromotableError,
-    JobNotRemovableError,
-    JobNotRequeueableError,
-)
 from ultimat3.jobs.core.model import (
-    PROMOTABLE_STATES,
     REQUEUEABLE_STATES,
     BulkFilter,
     BulkResult,
@@ -40,6 +32,18 @@ from ultimat3.jobs.core.model import (
     Progress,
     TaskFire,
     WorkerInfo,
+)
+from ultimat3.jobs.core.refusals import (
+    cancel_note,
+    check_promote_many,
+    check_remove_many,
+    check_requeue_many,
+    job_not_found,
+    key_held,
+    not_promotable,
+    not_requeueable,
+    running_not_removable,
+    step_not_found,
 )
 
 from .executor import PgExecutor
@@ -125,10 +129,7 @@ class PostgresIntrospection:
         if not rows:
             return False
         if rows[0][0] == JobState.RUNNING:
-            raise JobNotRemovableError(
-                f"job {job_id} is running; cancel it first (`ujobs jobs cancel {job_id}`)",
-                meta={"id": job_id},
-            )
+            raise running_not_removable(job_id)
         return True
 
     async def requeue(self, job_id: str, *, from_step: str | None = None) -> JobRow:
@@ -136,33 +137,22 @@ class PostgresIntrospection:
         try:
             rows = await self._executor.fetch_dicts(SQL_JOB_REQUEUE, params)
         except psycopg.errors.UniqueViolation as exc:
-            raise _key_taken(job_id, None) from exc
+            raise key_held(job_id, None) from exc
         answer = rows[0]
         state = answer["found_state"]
         if state is None:
-            raise JobNotFoundError(
-                f"no job {job_id!r} in the queue; list them with `ujobs jobs list --json`",
-                meta={"id": job_id},
-            )
+            raise job_not_found(job_id)
         if JobState(state) not in REQUEUEABLE_STATES:
-            raise JobNotRequeueableError(
-                f"job {job_id} is {state}; only a finished job (done, failed, dead, cancelled) "
-                "can be requeued",
-                meta={"id": job_id, "state": state},
-            )
+            raise not_requeueable(job_id, state)
         if answer["holder_id"] is not None:
-            raise _key_taken(job_id, answer["holder_id"])
+            raise key_held(job_id, answer["holder_id"])
         if answer["id"] is None:
-            raise JobNotFoundError(
-                f"job {job_id} has no step {from_step!r}",
-                meta={"id": job_id, "step": from_step},
-            )
+            raise step_not_found(job_id, from_step)
         return job_row(answer)
 
     async def cancel(self, job_id: str, reason: str | None = None) -> JobRow | None:
-        error = f"cancelled: {reason}" if reason else "cancelled"
         rows = await self._executor.fetch_dicts(
-            SQL_JOB_CANCEL, {"id": job_id, "error": error, "now": self._clock.now()}
+            SQL_JOB_CANCEL, {"id": job_id, "error": cancel_note(reason), "now": self._clock.now()}
         )
         return job_row(rows[0]) if rows else None
 
@@ -172,27 +162,15 @@ class PostgresIntrospection:
         )
         answer = rows[0]
         if answer["found_state"] is None:
-            raise JobNotFoundError(
-                f"no job {job_id!r} in the queue; list them with `ujobs jobs list --json`",
-                meta={"id": job_id},
-            )
+            raise job_not_found(job_id)
         if answer["id"] is None:
-            state = answer["found_state"]
-            raise JobNotPromotableError(
-                f"job {job_id} is not waiting on its run time (state {state})",
-                meta={"id": job_id, "state": state},
-            )
+            raise not_promotable(job_id, answer["found_state"])
         return job_row(answer)
 
     # -- many rows -------------------------------------------------------------------------
 
     async def requeue_many(self, filter: BulkFilter) -> BulkResult:
-        state = JobState(filter.state)
-        if state not in REQUEUEABLE_STATES:
-            raise JobNotRequeueableError(
-                f"requeue_many moves finished rows; {state.value} is live",
-                meta={"state": state.value},
-            )
+        check_requeue_many(filter)
         params = {**_bulk_params(filter), "now": self._clock.now()}
         for _ in range(_BULK_RETRIES):
             try:
@@ -201,24 +179,16 @@ class PostgresIntrospection:
                 continue  # an enqueue took one of the keys meanwhile: choose again
             affected, remaining, _ = rows[0]
             return BulkResult(affected=affected, remaining=remaining)
-        raise _key_taken("(bulk)", None)
+        raise key_held("(bulk)", None)
 
     async def remove_many(self, filter: BulkFilter) -> BulkResult:
-        if JobState(filter.state) is JobState.RUNNING:
-            raise JobNotRemovableError(
-                "running rows cannot be removed; cancel them first", meta={"state": "running"}
-            )
+        check_remove_many(filter)
         rows = await self._executor.fetch(SQL_REMOVE_MANY, _bulk_params(filter))
         affected, remaining = rows[0]
         return BulkResult(affected=affected, remaining=remaining)
 
     async def promote_many(self, filter: BulkFilter) -> BulkResult:
-        state = JobState(filter.state)
-        if state not in PROMOTABLE_STATES:
-            raise JobNotPromotableError(
-                f"promote_many moves delayed or ready rows, not {state.value}",
-                meta={"state": state.value},
-            )
+        check_promote_many(filter)
         params = {**_bulk_params(filter), "now": self._clock.now()}
         rows = await self._executor.fetch(SQL_PROMOTE_MANY, params)
         affected, remaining, _ = rows[0]
@@ -381,12 +351,4 @@ def _bucket(row: tuple[Any, ...]) -> CounterBucket:
         failed=failed,
         dead=dead,
         duration_ms=duration_ms,
-    )
-
-
-def _key_taken(job_id: str, holder: str | None) -> JobDuplicateError:
-    return JobDuplicateError(
-        f"a live job ({holder or 'another row'}) holds this job's idempotency key; requeueing "
-        "would run the same work twice",
-        meta={"id": job_id, "existing_id": holder},
     )

@@ -17,17 +17,8 @@ from typing import Literal
 from ultimat3.jobs.core.constants import COUNTER_TIERS, MAX_BULK_ROWS, MAX_TASK_FIRES
 from ultimat3.jobs.core.counters import rollup
 from ultimat3.jobs.core.cursor import page_limit, parse_cursor
-from ultimat3.jobs.core.errors import (
-    JobDuplicateError,
-    JobNotFoundError,
-    JobNotPromotableError,
-    JobNotRemovableError,
-    JobNotRequeueableError,
-)
 from ultimat3.jobs.core.model import (
     COUNTER_KINDS,
-    PROMOTABLE_STATES,
-    REQUEUEABLE_STATES,
     BulkFilter,
     BulkResult,
     ClaimRef,
@@ -41,6 +32,18 @@ from ultimat3.jobs.core.model import (
     Progress,
     TaskFire,
     WorkerInfo,
+)
+from ultimat3.jobs.core.refusals import (
+    cancel_note,
+    check_promote_many,
+    check_remove_many,
+    check_requeue_many,
+    job_not_found,
+    key_held,
+    not_promotable,
+    not_requeueable,
+    running_not_removable,
+    step_not_found,
 )
 
 from .codec import decode_steps, encode_progress, fields, from_us, optional, read_row, to_us
@@ -115,49 +118,32 @@ class RedisIntrospection:
     async def remove(self, job_id: str) -> bool:
         removed = await self._ns.call("remove", job_id)
         if removed == -1:
-            raise JobNotRemovableError(
-                f"job {job_id} is running; cancel it first (`ujobs jobs cancel {job_id}`)",
-                meta={"id": job_id},
-            )
+            raise running_not_removable(job_id)
         return bool(removed)
 
     async def requeue(self, job_id: str, *, from_step: str | None = None) -> JobRow:
         answer = await self._ns.call("requeue", job_id, from_step or "")
         verdict = answer[0]
         if verdict == "missing":
-            raise _not_found(job_id)
+            raise job_not_found(job_id)
         if verdict == "live":
-            raise JobNotRequeueableError(
-                f"job {job_id} is {answer[1]}; only a finished job (done, failed, dead, "
-                "cancelled) can be requeued",
-                meta={"id": job_id, "state": answer[1]},
-            )
+            raise not_requeueable(job_id, answer[1])
         if verdict == "held":
-            raise JobDuplicateError(
-                f"a live job ({answer[1]}) holds this job's idempotency key; requeueing would run "
-                "the same work twice",
-                meta={"id": job_id, "existing_id": answer[1]},
-            )
+            raise key_held(job_id, answer[1])
         if verdict == "no-step":
-            raise JobNotFoundError(
-                f"job {job_id} has no step {from_step!r}", meta={"id": job_id, "step": from_step}
-            )
+            raise step_not_found(job_id, from_step)
         return read_row(fields(answer[1]))
 
     async def cancel(self, job_id: str, reason: str | None = None) -> JobRow | None:
-        error = f"cancelled: {reason}" if reason else "cancelled"
-        row = await self._ns.call("cancel", job_id, error)
+        row = await self._ns.call("cancel", job_id, cancel_note(reason))
         return None if row is None else read_row(fields(row))
 
     async def promote(self, job_id: str) -> JobRow:
         answer = await self._ns.call("promote", job_id)
         if answer[0] == "missing":
-            raise _not_found(job_id)
+            raise job_not_found(job_id)
         if answer[0] != "ok":
-            raise JobNotPromotableError(
-                f"job {job_id} is not waiting on its run time (state {answer[1]})",
-                meta={"id": job_id, "state": answer[1]},
-            )
+            raise not_promotable(job_id, answer[1])
         return read_row(fields(answer[1]))
 
     # -- many rows ---------------------------------------------------------------------------
@@ -184,26 +170,15 @@ class RedisIntrospection:
         return BulkResult(affected=moved, remaining=len(free) if action == "requeue" else left)
 
     async def requeue_many(self, filter: BulkFilter) -> BulkResult:
-        if filter.state not in REQUEUEABLE_STATES:
-            raise JobNotRequeueableError(
-                f"requeue_many moves finished rows; {filter.state.value} is live",
-                meta={"state": filter.state.value},
-            )
+        check_requeue_many(filter)
         return await self._bulk("requeue", filter)
 
     async def remove_many(self, filter: BulkFilter) -> BulkResult:
-        if filter.state is JobState.RUNNING:
-            raise JobNotRemovableError(
-                "running rows cannot be removed; cancel them first", meta={"state": "running"}
-            )
+        check_remove_many(filter)
         return await self._bulk("remove", filter)
 
     async def promote_many(self, filter: BulkFilter) -> BulkResult:
-        if filter.state not in PROMOTABLE_STATES:
-            raise JobNotPromotableError(
-                f"promote_many moves delayed or ready rows, not {filter.state.value}",
-                meta={"state": filter.state.value},
-            )
+        check_promote_many(filter)
         return await self._bulk("promote", filter)
 
     # -- pauses --------------------------------------------------------------------------------
@@ -316,13 +291,6 @@ async def _batches(
             batch = []
     if batch:
         yield batch
-
-
-def _not_found(job_id: str) -> JobNotFoundError:
-    return JobNotFoundError(
-        f"no job {job_id!r} in the queue; list them with `ujobs jobs list --json`",
-        meta={"id": job_id},
-    )
 
 
 def _matches(row: JobRow, filter: JobFilter) -> bool:

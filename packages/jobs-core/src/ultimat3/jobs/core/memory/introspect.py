@@ -9,13 +9,6 @@ from datetime import datetime, timedelta
 from ..constants import MAX_BULK_ROWS, MAX_TASK_FIRES
 from ..counters import rollup
 from ..cursor import page_limit, parse_cursor
-from ..errors import (
-    JobDuplicateError,
-    JobNotFoundError,
-    JobNotPromotableError,
-    JobNotRemovableError,
-    JobNotRequeueableError,
-)
 from ..model import (
     LIVE_STATES,
     PROMOTABLE_STATES,
@@ -33,6 +26,18 @@ from ..model import (
     Progress,
     TaskFire,
     WorkerInfo,
+)
+from ..refusals import (
+    cancel_note,
+    check_promote_many,
+    check_remove_many,
+    check_requeue_many,
+    job_not_found,
+    key_held,
+    not_promotable,
+    not_requeueable,
+    running_not_removable,
+    step_not_found,
 )
 from .state import MemoryState, Row
 
@@ -74,10 +79,7 @@ class MemoryIntrospection:
     def _row(self, job_id: str) -> Row:
         row = self._state.rows.get(job_id)
         if row is None:
-            raise JobNotFoundError(
-                f"no job {job_id!r} in the queue; list them with `ujobs jobs list --json`",
-                meta={"id": job_id},
-            )
+            raise job_not_found(job_id)
         return row
 
     async def remove(self, job_id: str) -> bool:
@@ -85,36 +87,22 @@ class MemoryIntrospection:
         if row is None:
             return False
         if row.state is JobState.RUNNING:
-            raise JobNotRemovableError(
-                f"job {job_id} is running; cancel it first (`ujobs jobs cancel {job_id}`)",
-                meta={"id": job_id},
-            )
+            raise running_not_removable(job_id)
         self._state.delete(row)
         return True
 
     async def requeue(self, job_id: str, *, from_step: str | None = None) -> JobRow:
         row = self._row(job_id)
         if row.state not in REQUEUEABLE_STATES:
-            raise JobNotRequeueableError(
-                f"job {job_id} is {row.state.value}; only a finished job (done, failed, dead, "
-                "cancelled) can be requeued",
-                meta={"id": job_id, "state": row.state.value},
-            )
+            raise not_requeueable(job_id, row.state.value)
         holder = self._state.live.get(row.live_key)
         if holder is not None:
-            raise JobDuplicateError(
-                f"a live job ({holder}) holds this job's idempotency key; requeueing would run "
-                "the same work twice",
-                meta={"id": job_id, "existing_id": holder},
-            )
+            raise key_held(job_id, holder)
         if from_step is not None:
             steps = self._state.steps.get(row.run_id, {})
             cut = steps.get(from_step)
             if cut is None:
-                raise JobNotFoundError(
-                    f"job {job_id} has no step {from_step!r}",
-                    meta={"id": job_id, "step": from_step},
-                )
+                raise step_not_found(job_id, from_step)
             for name in [name for name, step in steps.items() if step.seq >= cut.seq]:
                 del steps[name]
         self._ready(row)
@@ -132,17 +120,14 @@ class MemoryIntrospection:
         row = self._state.rows.get(job_id)
         if row is None or row.state not in LIVE_STATES:
             return None
-        row.last_error = f"cancelled: {reason}" if reason else "cancelled"
+        row.last_error = cancel_note(reason)
         self._state.move(row, JobState.CANCELLED)
         return row.public()
 
     async def promote(self, job_id: str) -> JobRow:
         row = self._row(job_id)
         if row.state not in PROMOTABLE_STATES or row.run_at <= self._state.now():
-            raise JobNotPromotableError(
-                f"job {job_id} is not waiting on its run time (state {row.state.value})",
-                meta={"id": job_id, "state": row.state.value},
-            )
+            raise not_promotable(job_id, row.state.value)
         row.run_at = self._state.now()
         self._state.move(row, JobState.READY)
         return row.public()
@@ -163,11 +148,7 @@ class MemoryIntrospection:
         )
 
     async def requeue_many(self, filter: BulkFilter) -> BulkResult:
-        if filter.state not in REQUEUEABLE_STATES:
-            raise JobNotRequeueableError(
-                f"requeue_many moves finished rows; {filter.state.value} is live",
-                meta={"state": filter.state.value},
-            )
+        check_requeue_many(filter)
         moved = 0
         for row in self._selected(filter):
             if moved == MAX_BULK_ROWS:
@@ -182,10 +163,7 @@ class MemoryIntrospection:
         return BulkResult(affected=moved, remaining=len(free_keys))
 
     async def remove_many(self, filter: BulkFilter) -> BulkResult:
-        if filter.state is JobState.RUNNING:
-            raise JobNotRemovableError(
-                "running rows cannot be removed; cancel them first", meta={"state": "running"}
-            )
+        check_remove_many(filter)
         rows = self._selected(filter)
         for row in rows[:MAX_BULK_ROWS]:
             self._state.delete(row)
@@ -194,11 +172,7 @@ class MemoryIntrospection:
         )
 
     async def promote_many(self, filter: BulkFilter) -> BulkResult:
-        if filter.state not in PROMOTABLE_STATES:
-            raise JobNotPromotableError(
-                f"promote_many moves delayed or ready rows, not {filter.state.value}",
-                meta={"state": filter.state.value},
-            )
+        check_promote_many(filter)
         now = self._state.now()
         waiting = [row for row in self._selected(filter) if row.run_at > now]
         for row in waiting[:MAX_BULK_ROWS]:
