@@ -29,7 +29,9 @@ SQL_CLAIM = """
 -- updated, or the planner may update more rows than the limit. The window over the locked
 -- candidates decides which of them are taken; rows locked but not taken are released when the
 -- statement commits. The updates find the locked rows by their ctid (the row version the lock
--- is on, which nothing can replace while it is held), not through the primary key again.
+-- is on, which nothing can replace while it is held), not through the primary key again, and
+-- as an array, which always plans as a TID scan of just those rows: JOINED on ctid, the
+-- planner may instead hash the whole table, finished rows included (EXPLAIN showed it do so).
 --
 -- Why synchronous_commit is off for this statement alone: a claim lost in a server crash only
 -- leaves its rows as they were before it (claimable again), which is what a worker dying after
@@ -103,8 +105,7 @@ taken as (
         claim = gen_random_uuid()::text,
         lease_until = %(lease_until)s,
         updated_at = %(now)s
-    from picked p
-    where j.ctid = p.tid and not p.exhausted
+    where j.ctid = any(array(select tid from picked where not exhausted))
     returning j.id, j.run_id, j.name, j.queue, j.input, j.idempotency_key, j.tenant_id,
               j.attempt, j.max_attempts, j.run_at, j.created_at, j.enqueued_by, j.traceparent,
               j.claim
@@ -118,8 +119,7 @@ buried as (
         worker_id = null,
         claim = null,
         lease_until = null
-    from picked p
-    where j.ctid = p.tid and p.exhausted
+    where j.ctid = any(array(select tid from picked where exhausted))
     returning j.id, j.run_id, j.name, j.queue, j.input, j.tenant_id, j.attempt, j.max_attempts,
               j.run_at, j.state
 ),
