@@ -228,7 +228,13 @@ class PostgresJobDriver:
     async def _flush_acks(self, items: Sequence[_Ack]) -> list[bool]:
         now = self._clock.now()
         rows = await self._executor.fetch(
-            SQL_ACK, {"rows": dump_json(items), "now": now, "bucket": bucket_start(now, _MINUTE)}
+            SQL_ACK,
+            {
+                "rows": dump_json(items),
+                "count": len(items),
+                "now": now,
+                "bucket": bucket_start(now, _MINUTE),
+            },
         )
         landed = {row[0] for row in rows}
         return [item[0] in landed for item in items]
@@ -253,7 +259,13 @@ class PostgresJobDriver:
             for job_id, options in items
         ]
         rows = await self._executor.fetch(
-            SQL_NACK, {"rows": dump_json(batch), "now": now, "bucket": bucket_start(now, _MINUTE)}
+            SQL_NACK,
+            {
+                "rows": dump_json(batch),
+                "count": len(batch),
+                "now": now,
+                "bucket": bucket_start(now, _MINUTE),
+            },
         )
         landed = {row[0] for row in rows}
         return [job_id in landed for job_id, _ in items]
@@ -266,7 +278,10 @@ class PostgresJobDriver:
 
     async def _flush_heartbeats(self, items: Sequence[_Heartbeat]) -> list[bool]:
         rows = await self._executor.fetch(
-            SQL_HEARTBEAT, {"rows": dump_json(items)}, idempotent=True, relaxed_commit=True
+            SQL_HEARTBEAT,
+            {"rows": dump_json(items), "count": len(items)},
+            idempotent=True,
+            relaxed_commit=True,
         )
         landed = {row[0] for row in rows}
         return [item[0] in landed for item in items]

@@ -62,9 +62,16 @@ create index if not exists x_jobs_claim_idx
     where state in ('ready', 'delayed', 'suspended');
 
 -- Running rows by lease expiry: the claim re-takes (or buries) the ones whose lease lapsed.
-create index if not exists x_jobs_lease_idx
+-- Only a statement that bounds lease_until can use it (the claim's `lease_until <= now` does).
+-- Indexed on state = 'running' alone, it also served every fenced write (ack, nack,
+-- heartbeat), and with statistics taken while few rows ran, the planner read ALL running rows
+-- through it for each batch: an ack of ten rows beside 30,000 running ones took 14 ms instead
+-- of 0.6 ms. Those writes now always find their rows by primary key. (x_jobs_lease_idx was the
+-- first definition, dropped here.)
+drop index if exists x_jobs_lease_idx;
+create index if not exists x_jobs_lapse_idx
     on x_jobs (queue, lease_until)
-    where state = 'running';
+    where state = 'running' and lease_until is not null;
 
 -- No index serves the operator's list() (newest first by created_at, id): every row version
 -- would pay for it, on the enqueue, the claim and the settle — about a third more index writes
