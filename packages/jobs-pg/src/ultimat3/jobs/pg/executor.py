@@ -25,9 +25,9 @@ from contextlib import asynccontextmanager
 from typing import Any, NamedTuple, TypeAlias, TypeVar
 
 import psycopg
-from psycopg import AsyncConnection
+from psycopg import AsyncConnection, AsyncCursor
 from psycopg.errors import DeadlockDetected, SerializationFailure, TransactionRollback
-from psycopg.pq import TransactionStatus
+from psycopg.pq import ExecStatus, TransactionStatus
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool
 
@@ -180,12 +180,19 @@ class PgExecutor:
                         yield _Session(conn, joined)
             return
         pool = self._pool if self._pool is not None else await self._owned_pool()
-        async with pool.connection() as conn:
+        # getconn/putconn, not pool.connection(): the same hand-out and return without the commit
+        # (or rollback) a connection's own context manager sends on the way out, a call an
+        # autocommit connection never needs. A connection returned mid-transaction (a statement
+        # cancelled half-way) is rolled back by the pool itself.
+        conn = await pool.getconn()
+        try:
             if conn.autocommit:  # the usual case, kept free of a second context manager
                 yield _Session(conn, False)
             else:
                 async with conn.transaction():
                     yield _Session(conn, False)
+        finally:
+            await pool.putconn(conn)
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[AsyncConnection[Any]]:
@@ -217,7 +224,7 @@ class PgExecutor:
         async def go(session: _Session) -> list[tuple[Any, ...]]:
             values = _with_commit_mode(params, session) if relaxed_commit else params
             cursor = await session.conn.execute(wire, values, prepare=prepared)
-            return await cursor.fetchall() if cursor.description else []
+            return await cursor.fetchall() if _has_rows(cursor) else []
 
         return await self._retrying(go, idempotent=idempotent)
 
@@ -231,7 +238,7 @@ class PgExecutor:
         async def go(session: _Session) -> list[DictRow]:
             async with session.conn.cursor(row_factory=dict_row) as cursor:
                 await cursor.execute(wire, params, prepare=self._prepare)
-                return await cursor.fetchall() if cursor.description else []
+                return await cursor.fetchall() if _has_rows(cursor) else []
 
         return await self._retrying(go, idempotent=idempotent)
 
@@ -248,7 +255,7 @@ class PgExecutor:
                     cursor = await session.conn.execute(
                         on_the_wire(query), params, prepare=self._prepare
                     )
-                    rows = await cursor.fetchall() if cursor.description else []
+                    rows = await cursor.fetchall() if _has_rows(cursor) else []
             return rows
 
         return await self._retrying(go, idempotent=idempotent)
@@ -313,6 +320,13 @@ def on_the_wire(query: str) -> str:
         wire = "\n".join(line for line in query.splitlines() if not line.lstrip().startswith("--"))
         _WIRE[query] = wire
     return wire
+
+
+def _has_rows(cursor: AsyncCursor[Any]) -> bool:
+    """Whether the statement answered rows (an UPDATE without RETURNING answers none). Read from
+    the result's status: ``cursor.description`` would build an object per column to say it."""
+    result = cursor.pgresult
+    return result is not None and result.status == ExecStatus.TUPLES_OK
 
 
 def _with_commit_mode(params: Params | None, session: _Session) -> dict[str, Any]:
