@@ -180,10 +180,10 @@ class PgExecutor:
                         yield _Session(conn, joined)
             return
         pool = self._pool if self._pool is not None else await self._owned_pool()
-        # getconn/putconn, not pool.connection(): the same hand-out and return without the commit
-        # (or rollback) a connection's own context manager sends on the way out, a call an
-        # autocommit connection never needs. A connection returned mid-transaction (a statement
-        # cancelled half-way) is rolled back by the pool itself.
+        # getconn/putconn, not pool.connection(): the same hand-out and return without the
+        # commit (or rollback) call a connection's own context manager makes on the way out,
+        # which an autocommit connection never needs. A connection returned mid-transaction (a
+        # statement cancelled half-way) is rolled back by the pool itself.
         conn = await pool.getconn()
         try:
             if conn.autocommit:  # the usual case, kept free of a second context manager
