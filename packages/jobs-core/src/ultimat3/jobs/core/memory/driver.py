@@ -104,8 +104,7 @@ class MemoryJobDriver:
             enqueued_by=request.enqueued_by,
             traceparent=request.traceparent,
         )
-        state.rows[row.id] = row
-        state.live[key] = row.id
+        state.add(row)
         return Enqueued(row.id, row.run_id)
 
     async def claim(
@@ -127,9 +126,8 @@ class MemoryJobDriver:
             due = sorted(
                 (
                     row
-                    for row in state.rows.values()
-                    if row.queue == queue
-                    and (
+                    for row in state.live_rows(queue)
+                    if (
                         (row.state in _CLAIMABLE and row.run_at <= now)
                         or (
                             row.state is JobState.RUNNING
