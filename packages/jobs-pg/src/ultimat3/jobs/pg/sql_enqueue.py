@@ -75,15 +75,23 @@ announce as (
     select distinct queue from inserted where run_at <= %(due_by)s
 ),
 idle as (
-    -- queues in which no earlier row waits (this statement's snapshot does not see its own rows)
+    -- Queues in which no earlier row waits (this statement's snapshot does not see its own
+    -- rows). One probe per queue that stops at the first waiting row: the LIMIT keeps the
+    -- planner from turning a NOT EXISTS into an anti-join, which with statistics taken before
+    -- a backlog built up read the whole backlog on every enqueue (24 ms beside 100,000 rows).
     select a.queue
     from announce a
-    where not exists (
-        select 1 from x_jobs j
-        where j.queue = a.queue
-          and j.state in ('ready', 'delayed', 'suspended')
-          and j.run_at <= %(now)s
-    )
+    cross join lateral (
+        select count(*) as waiting
+        from (
+            select 1 from x_jobs j
+            where j.queue = a.queue
+              and j.state in ('ready', 'delayed', 'suspended')
+              and j.run_at <= %(now)s
+            limit 1
+        ) first_waiting
+    ) probe
+    where probe.waiting = 0
 ),
 woken as (
     -- A slot other than this enqueuer's, earlier OR later: an enqueuer whose clock runs ahead
