@@ -13,6 +13,7 @@ from typing import Any
 
 import psycopg
 
+from ultimat3.jobs.core import refusals
 from ultimat3.jobs.core.clock import Clock
 from ultimat3.jobs.core.constants import COUNTER_TIERS, MAX_BULK_ROWS, MAX_TASK_FIRES
 from ultimat3.jobs.core.counters import rollup
@@ -32,18 +33,6 @@ from ultimat3.jobs.core.model import (
     Progress,
     TaskFire,
     WorkerInfo,
-)
-from ultimat3.jobs.core.refusals import (
-    cancel_note,
-    check_promote_many,
-    check_remove_many,
-    check_requeue_many,
-    job_not_found,
-    key_held,
-    not_promotable,
-    not_requeueable,
-    running_not_removable,
-    step_not_found,
 )
 
 from .executor import PgExecutor
@@ -129,7 +118,7 @@ class PostgresIntrospection:
         if not rows:
             return False
         if rows[0][0] == JobState.RUNNING:
-            raise running_not_removable(job_id)
+            raise refusals.running_not_removable(job_id)
         return True
 
     async def requeue(self, job_id: str, *, from_step: str | None = None) -> JobRow:
@@ -137,23 +126,22 @@ class PostgresIntrospection:
         try:
             rows = await self._executor.fetch_dicts(SQL_JOB_REQUEUE, params)
         except psycopg.errors.UniqueViolation as exc:
-            raise key_held(job_id, None) from exc
+            raise refusals.key_held(job_id, None) from exc
         answer = rows[0]
         state = answer["found_state"]
         if state is None:
-            raise job_not_found(job_id)
+            raise refusals.job_not_found(job_id)
         if JobState(state) not in REQUEUEABLE_STATES:
-            raise not_requeueable(job_id, state)
+            raise refusals.not_requeueable(job_id, state)
         if answer["holder_id"] is not None:
-            raise key_held(job_id, answer["holder_id"])
+            raise refusals.key_held(job_id, answer["holder_id"])
         if answer["id"] is None:
-            raise step_not_found(job_id, from_step)
+            raise refusals.step_not_found(job_id, from_step)
         return job_row(answer)
 
     async def cancel(self, job_id: str, reason: str | None = None) -> JobRow | None:
-        rows = await self._executor.fetch_dicts(
-            SQL_JOB_CANCEL, {"id": job_id, "error": cancel_note(reason), "now": self._clock.now()}
-        )
+        params = {"id": job_id, "error": refusals.cancel_note(reason), "now": self._clock.now()}
+        rows = await self._executor.fetch_dicts(SQL_JOB_CANCEL, params)
         return job_row(rows[0]) if rows else None
 
     async def promote(self, job_id: str) -> JobRow:
@@ -162,15 +150,15 @@ class PostgresIntrospection:
         )
         answer = rows[0]
         if answer["found_state"] is None:
-            raise job_not_found(job_id)
+            raise refusals.job_not_found(job_id)
         if answer["id"] is None:
-            raise not_promotable(job_id, answer["found_state"])
+            raise refusals.not_promotable(job_id, answer["found_state"])
         return job_row(answer)
 
     # -- many rows -------------------------------------------------------------------------
 
     async def requeue_many(self, filter: BulkFilter) -> BulkResult:
-        check_requeue_many(filter)
+        refusals.check_requeue_many(filter)
         params = {**_bulk_params(filter), "now": self._clock.now()}
         for _ in range(_BULK_RETRIES):
             try:
@@ -179,16 +167,16 @@ class PostgresIntrospection:
                 continue  # an enqueue took one of the keys meanwhile: choose again
             affected, remaining, _ = rows[0]
             return BulkResult(affected=affected, remaining=remaining)
-        raise key_held("(bulk)", None)
+        raise refusals.key_held("(bulk)", None)
 
     async def remove_many(self, filter: BulkFilter) -> BulkResult:
-        check_remove_many(filter)
+        refusals.check_remove_many(filter)
         rows = await self._executor.fetch(SQL_REMOVE_MANY, _bulk_params(filter))
         affected, remaining = rows[0]
         return BulkResult(affected=affected, remaining=remaining)
 
     async def promote_many(self, filter: BulkFilter) -> BulkResult:
-        check_promote_many(filter)
+        refusals.check_promote_many(filter)
         params = {**_bulk_params(filter), "now": self._clock.now()}
         rows = await self._executor.fetch(SQL_PROMOTE_MANY, params)
         affected, remaining, _ = rows[0]

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from datetime import datetime, timedelta
 from typing import Literal
 
+from ultimat3.jobs.core import refusals
 from ultimat3.jobs.core.constants import COUNTER_TIERS, MAX_BULK_ROWS, MAX_TASK_FIRES
 from ultimat3.jobs.core.counters import rollup
 from ultimat3.jobs.core.cursor import page_limit, parse_cursor
@@ -32,18 +33,6 @@ from ultimat3.jobs.core.model import (
     Progress,
     TaskFire,
     WorkerInfo,
-)
-from ultimat3.jobs.core.refusals import (
-    cancel_note,
-    check_promote_many,
-    check_remove_many,
-    check_requeue_many,
-    job_not_found,
-    key_held,
-    not_promotable,
-    not_requeueable,
-    running_not_removable,
-    step_not_found,
 )
 
 from .codec import decode_steps, encode_progress, fields, from_us, optional, read_row, to_us
@@ -118,32 +107,32 @@ class RedisIntrospection:
     async def remove(self, job_id: str) -> bool:
         removed = await self._ns.call("remove", job_id)
         if removed == -1:
-            raise running_not_removable(job_id)
+            raise refusals.running_not_removable(job_id)
         return bool(removed)
 
     async def requeue(self, job_id: str, *, from_step: str | None = None) -> JobRow:
         answer = await self._ns.call("requeue", job_id, from_step or "")
         verdict = answer[0]
         if verdict == "missing":
-            raise job_not_found(job_id)
+            raise refusals.job_not_found(job_id)
         if verdict == "live":
-            raise not_requeueable(job_id, answer[1])
+            raise refusals.not_requeueable(job_id, answer[1])
         if verdict == "held":
-            raise key_held(job_id, answer[1])
+            raise refusals.key_held(job_id, answer[1])
         if verdict == "no-step":
-            raise step_not_found(job_id, from_step)
+            raise refusals.step_not_found(job_id, from_step)
         return read_row(fields(answer[1]))
 
     async def cancel(self, job_id: str, reason: str | None = None) -> JobRow | None:
-        row = await self._ns.call("cancel", job_id, cancel_note(reason))
+        row = await self._ns.call("cancel", job_id, refusals.cancel_note(reason))
         return None if row is None else read_row(fields(row))
 
     async def promote(self, job_id: str) -> JobRow:
         answer = await self._ns.call("promote", job_id)
         if answer[0] == "missing":
-            raise job_not_found(job_id)
+            raise refusals.job_not_found(job_id)
         if answer[0] != "ok":
-            raise not_promotable(job_id, answer[1])
+            raise refusals.not_promotable(job_id, answer[1])
         return read_row(fields(answer[1]))
 
     # -- many rows ---------------------------------------------------------------------------
@@ -170,15 +159,15 @@ class RedisIntrospection:
         return BulkResult(affected=moved, remaining=len(free) if action == "requeue" else left)
 
     async def requeue_many(self, filter: BulkFilter) -> BulkResult:
-        check_requeue_many(filter)
+        refusals.check_requeue_many(filter)
         return await self._bulk("requeue", filter)
 
     async def remove_many(self, filter: BulkFilter) -> BulkResult:
-        check_remove_many(filter)
+        refusals.check_remove_many(filter)
         return await self._bulk("remove", filter)
 
     async def promote_many(self, filter: BulkFilter) -> BulkResult:
-        check_promote_many(filter)
+        refusals.check_promote_many(filter)
         return await self._bulk("promote", filter)
 
     # -- pauses --------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ import builtins
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 
+from .. import refusals
 from ..constants import MAX_BULK_ROWS, MAX_TASK_FIRES
 from ..counters import rollup
 from ..cursor import page_limit, parse_cursor
@@ -26,18 +27,6 @@ from ..model import (
     Progress,
     TaskFire,
     WorkerInfo,
-)
-from ..refusals import (
-    cancel_note,
-    check_promote_many,
-    check_remove_many,
-    check_requeue_many,
-    job_not_found,
-    key_held,
-    not_promotable,
-    not_requeueable,
-    running_not_removable,
-    step_not_found,
 )
 from .state import MemoryState, Row
 
@@ -79,7 +68,7 @@ class MemoryIntrospection:
     def _row(self, job_id: str) -> Row:
         row = self._state.rows.get(job_id)
         if row is None:
-            raise job_not_found(job_id)
+            raise refusals.job_not_found(job_id)
         return row
 
     async def remove(self, job_id: str) -> bool:
@@ -87,22 +76,22 @@ class MemoryIntrospection:
         if row is None:
             return False
         if row.state is JobState.RUNNING:
-            raise running_not_removable(job_id)
+            raise refusals.running_not_removable(job_id)
         self._state.delete(row)
         return True
 
     async def requeue(self, job_id: str, *, from_step: str | None = None) -> JobRow:
         row = self._row(job_id)
         if row.state not in REQUEUEABLE_STATES:
-            raise not_requeueable(job_id, row.state.value)
+            raise refusals.not_requeueable(job_id, row.state.value)
         holder = self._state.live.get(row.live_key)
         if holder is not None:
-            raise key_held(job_id, holder)
+            raise refusals.key_held(job_id, holder)
         if from_step is not None:
             steps = self._state.steps.get(row.run_id, {})
             cut = steps.get(from_step)
             if cut is None:
-                raise step_not_found(job_id, from_step)
+                raise refusals.step_not_found(job_id, from_step)
             for name in [name for name, step in steps.items() if step.seq >= cut.seq]:
                 del steps[name]
         self._ready(row)
@@ -120,14 +109,14 @@ class MemoryIntrospection:
         row = self._state.rows.get(job_id)
         if row is None or row.state not in LIVE_STATES:
             return None
-        row.last_error = cancel_note(reason)
+        row.last_error = refusals.cancel_note(reason)
         self._state.move(row, JobState.CANCELLED)
         return row.public()
 
     async def promote(self, job_id: str) -> JobRow:
         row = self._row(job_id)
         if row.state not in PROMOTABLE_STATES or row.run_at <= self._state.now():
-            raise not_promotable(job_id, row.state.value)
+            raise refusals.not_promotable(job_id, row.state.value)
         row.run_at = self._state.now()
         self._state.move(row, JobState.READY)
         return row.public()
@@ -148,7 +137,7 @@ class MemoryIntrospection:
         )
 
     async def requeue_many(self, filter: BulkFilter) -> BulkResult:
-        check_requeue_many(filter)
+        refusals.check_requeue_many(filter)
         moved = 0
         for row in self._selected(filter):
             if moved == MAX_BULK_ROWS:
@@ -163,7 +152,7 @@ class MemoryIntrospection:
         return BulkResult(affected=moved, remaining=len(free_keys))
 
     async def remove_many(self, filter: BulkFilter) -> BulkResult:
-        check_remove_many(filter)
+        refusals.check_remove_many(filter)
         rows = self._selected(filter)
         for row in rows[:MAX_BULK_ROWS]:
             self._state.delete(row)
@@ -172,7 +161,7 @@ class MemoryIntrospection:
         )
 
     async def promote_many(self, filter: BulkFilter) -> BulkResult:
-        check_promote_many(filter)
+        refusals.check_promote_many(filter)
         now = self._state.now()
         waiting = [row for row in self._selected(filter) if row.run_at > now]
         for row in waiting[:MAX_BULK_ROWS]:
