@@ -168,7 +168,53 @@ async def test_a_pass_is_one_claim_over_every_queue_with_a_free_slot(
     )
     async with worker:
         await settle()
-        assert spy.claims == [(clock.now(), {"a": 2, "b": 1, "c": 4})]
+        # Each queue is asked for half its slots, rounded up (see the next test for why).
+        assert spy.claims == [(clock.now(), {"a": 1, "b": 1, "c": 2})]
+
+
+async def test_a_claim_takes_half_the_slots_and_a_full_one_is_followed_at_once(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    """Half-slot claims keep the next batch on the wire while the last one runs; a full batch
+    says more may be due, so the slots it left free are claimed for without waiting."""
+    gate = Gate()
+    handle = item_job(gate.run, name="worker-half-claims-gate")
+    for n in range(10):
+        await handle.enqueue(Item(n))
+    spy = ClaimSpy(driver)
+    async with job_worker(
+        driver=spy,  # type: ignore[arg-type]
+        context=lambda: None,
+        jobs=[handle],
+        concurrency=5,
+        clock=clock,
+    ):
+        # No clock movement and no slot freed: only the full first batch asked for the second.
+        await until(lambda: len(gate.entered) == 5)
+        await settle()
+        assert [slots for _, slots in spy.claims] == [{handle.queue: 3}, {handle.queue: 2}]
+        gate.event.set()
+        await until(lambda: len(gate.entered) == 10)
+
+
+async def test_a_batch_that_comes_back_short_is_not_followed_at_once(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    gate = Gate()
+    handle = item_job(gate.run, name="worker-short-claim-gate")
+    await handle.enqueue(Item(1))
+    spy = ClaimSpy(driver)
+    async with job_worker(
+        driver=spy,  # type: ignore[arg-type]
+        context=lambda: None,
+        jobs=[handle],
+        concurrency=4,
+        clock=clock,
+    ):
+        await until(lambda: gate.entered == [1])
+        await settle()
+        assert [slots for _, slots in spy.claims] == [{handle.queue: 2}]
+        gate.event.set()
 
 
 async def test_a_full_queue_is_left_out_of_the_claim(

@@ -2,11 +2,16 @@
 
 One loop claims for every queue at once: a pass is ONE ``driver.claim`` over every queue with a free
 slot, and a slot coming free asks for a pass at once, so a busy worker refills as fast as its jobs
-finish and a full one asks the queue for nothing. Idle, the loop backs off from ``poll_interval``
-(250 ms) doubling to the idle ceiling — 2 s, or 5 s while a cross-process ``wake`` is proven live —
-and anything that rings it (an in-process ``signal_enqueued``, a ``QueueWake`` notification, a slot
-freeing, a row it handed back falling due) brings a pass now and the floor again. Rings during a
-pass ask for one more pass, never a second loop.
+finish and a full one asks the queue for nothing. A pass asks for at most half of a queue's slots,
+and one that comes back full is followed by another at once while slots are free: the next batch
+is on the wire while the last one runs, where whole-concurrency batches would leave the worker
+idle during every claim and the database idle during every batch.
+
+Idle, the loop backs off from ``poll_interval`` (250 ms) doubling to the idle ceiling — 2 s, or
+5 s while a cross-process ``wake`` is proven live — and anything that rings it (an in-process
+``signal_enqueued``, a ``QueueWake`` notification, a slot freeing, a row it handed back falling
+due) brings a pass now and the floor again. Rings during a pass ask for one more pass, never a
+second loop.
 
 Every lease the worker holds — each job's visibility lease, each fleet concurrency slot, its own
 registry row — is renewed by one ``RenewalLoop`` every ``heartbeat_interval`` (a third of the
@@ -526,6 +531,10 @@ class JobWorker:
             free = self._limits.room(free)
         return free
 
+    def _half_of_the_slots(self, free: dict[str, int]) -> dict[str, int]:
+        """Cap each queue's ask at half its slots (rounded up), so claiming overlaps running."""
+        return {queue: min(count, -(-self._slots[queue] // 2)) for queue, count in free.items()}
+
     async def _claim_loop(self) -> None:
         idle_wait = self._poll
         while self._accepting:
@@ -536,7 +545,10 @@ class JobWorker:
                 free = self._free()
                 claimed = 0
                 if free:
+                    free = self._half_of_the_slots(free)
                     claimed = await self._claim(free)
+                if claimed == sum(free.values()) and claimed and self._has_a_free_slot():
+                    continue  # a full batch: more may be due, and the free slots can take it now
                 if claimed:
                     wait = idle_wait = self._poll
                 elif free or self._has_a_free_slot():
