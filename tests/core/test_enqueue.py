@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from uuid import UUID, uuid4
 
@@ -145,6 +147,27 @@ async def test_input_that_fails_validation_is_refused_and_nothing_queued(
 ) -> None:
     with pytest.raises(JobInputInvalidError) as caught:
         await onboard_for_enqueue.enqueue({"org_id": "not-a-uuid"})  # type: ignore[arg-type]
+    assert caught.value.code == "X_VALIDATION"
+    assert await rows(driver) == []
+
+
+@dataclass
+class Reading:
+    value: float
+
+
+@job(input=Reading, idempotency_key=lambda i: f"reading:{i.value}", tenant="none")
+async def record_reading(*, input: Reading) -> None:
+    return None
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf])
+async def test_a_dataclass_input_json_cannot_hold_is_refused_and_nothing_queued(
+    driver: MemoryJobDriver, value: float
+) -> None:
+    """NaN and infinity have no JSON form: refused at the enqueue, as a dict holding them is."""
+    with pytest.raises(JobInputInvalidError) as caught:
+        await record_reading.enqueue(Reading(value))
     assert caught.value.code == "X_VALIDATION"
     assert await rows(driver) == []
 
