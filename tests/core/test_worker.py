@@ -189,12 +189,41 @@ async def test_a_claim_takes_half_the_slots_and_a_full_one_is_followed_at_once(
         concurrency=5,
         clock=clock,
     ):
-        # No clock movement and no slot freed: only the full first batch asked for the second.
-        await until(lambda: len(gate.entered) == 5)
-        await settle()
-        assert [slots for _, slots in spy.claims] == [{handle.queue: 3}, {handle.queue: 2}]
-        gate.event.set()
+        try:
+            # No clock movement and no slot freed: only the full first batch asked for more.
+            await until(lambda: len(gate.entered) == 5)
+            await settle()
+            assert [slots for _, slots in spy.claims] == [{handle.queue: 3}, {handle.queue: 2}]
+        finally:
+            gate.event.set()  # a failed check must not leave the worker waiting on its jobs
         await until(lambda: len(gate.entered) == 10)
+
+
+async def test_a_queue_whose_batch_came_back_full_is_claimed_for_again_whatever_the_others_gave(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    gate = Gate()
+    handle = item_job(gate.run, name="worker-full-queue-beside-empty-gate", queue="busy")
+    for n in range(4):
+        await handle.enqueue(Item(n))
+    spy = ClaimSpy(driver)
+    async with job_worker(
+        driver=spy,  # type: ignore[arg-type]
+        context=lambda: None,
+        jobs=[handle],
+        queues=["busy", "empty"],
+        concurrency={"busy": 4, "empty": 2},
+        clock=clock,
+    ):
+        try:
+            await until(lambda: len(gate.entered) == 4)
+            await settle()
+            assert [slots for _, slots in spy.claims] == [
+                {"busy": 2, "empty": 1},
+                {"busy": 2, "empty": 1},
+            ]
+        finally:
+            gate.event.set()
 
 
 async def test_a_batch_that_comes_back_short_is_not_followed_at_once(
@@ -211,10 +240,12 @@ async def test_a_batch_that_comes_back_short_is_not_followed_at_once(
         concurrency=4,
         clock=clock,
     ):
-        await until(lambda: gate.entered == [1])
-        await settle()
-        assert [slots for _, slots in spy.claims] == [{handle.queue: 2}]
-        gate.event.set()
+        try:
+            await until(lambda: gate.entered == [1])
+            await settle()
+            assert [slots for _, slots in spy.claims] == [{handle.queue: 2}]
+        finally:
+            gate.event.set()
 
 
 async def test_a_full_queue_is_left_out_of_the_claim(

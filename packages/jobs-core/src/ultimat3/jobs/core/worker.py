@@ -535,6 +535,14 @@ class JobWorker:
         """Cap each queue's ask at half its slots (rounded up), so claiming overlaps running."""
         return {queue: min(count, -(-self._slots[queue] // 2)) for queue, count in free.items()}
 
+    def _more_may_be_due(self, asked: dict[str, int], taken: dict[str, int]) -> bool:
+        """Whether some queue's batch came back full while it still has a free slot: more of
+        its rows may be due, and that slot can take one now rather than at the next ring."""
+        return any(
+            taken.get(queue) == count and self._slots[queue] > self._busy[queue]
+            for queue, count in asked.items()
+        )
+
     async def _claim_loop(self) -> None:
         idle_wait = self._poll
         while self._accepting:
@@ -543,13 +551,14 @@ class JobWorker:
                 self._flush_tally()
                 began = self._clock.now()
                 free = self._free()
-                claimed = 0
+                taken: dict[str, int] = {}
                 if free:
                     free = self._half_of_the_slots(free)
-                    claimed = await self._claim(free)
-                if claimed == sum(free.values()) and claimed and self._has_a_free_slot():
-                    continue  # a full batch: more may be due, and the free slots can take it now
-                if claimed:
+                    taken = await self._claim(free)
+                if self._more_may_be_due(free, taken):
+                    idle_wait = self._poll
+                    continue
+                if taken:
                     wait = idle_wait = self._poll
                 elif free or self._has_a_free_slot():
                     # Nothing due, or the process limits left no room: a limit shared with
@@ -573,7 +582,9 @@ class JobWorker:
         for (queue, outcome), count in tally.items():
             self._metrics.settled(queue, outcome, count)
 
-    async def _claim(self, free: dict[str, int]) -> int:
+    async def _claim(self, free: dict[str, int]) -> dict[str, int]:
+        """Claim and launch up to ``free`` rows per queue; answers how many each queue gave."""
+        taken: dict[str, int] = {}
         try:
             batch = await self._driver.claim(
                 worker_id=self.id,
@@ -583,14 +594,15 @@ class JobWorker:
             )
         except Exception as exc:
             log_event(logging.WARNING, "jobs.worker.claim-failed", worker=self.id, error=repr(exc))
-            return 0
+            return taken
         for exhausted in batch.exhausted:
             self._announce(exhausted)
         if batch.jobs:
             now, loop = self._clock.now(), asyncio.get_running_loop()
             for claimed in batch.jobs:
                 self._launch(claimed, now, loop)
-        return len(batch.jobs)
+                taken[claimed.queue] = taken.get(claimed.queue, 0) + 1
+        return taken
 
     def _until_reminder(self, wait: float | None, began: datetime) -> float | None:
         """Shorten ``wait`` to the earliest row this worker handed back that falls due after the
