@@ -7,6 +7,7 @@ each is atomic exactly as a statement is on a server.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime, timedelta
 
@@ -36,6 +37,10 @@ from .state import MemoryState, Row
 __all__ = ["MemoryJobDriver", "memory_job_driver"]
 
 _CLAIMABLE = (JobState.READY, JobState.DELAYED, JobState.SUSPENDED)
+
+
+def _claim_order(row: Row) -> tuple[datetime, str]:
+    return (row.run_at, row.id)
 
 
 class MemoryJobDriver:
@@ -123,21 +128,17 @@ class MemoryJobDriver:
         for queue, free in slots.items():
             if free <= 0 or queue in state.paused_queues:
                 continue
-            due = sorted(
-                (
-                    row
-                    for row in state.live_rows(queue)
-                    if (
-                        (row.state in _CLAIMABLE and row.run_at <= now)
-                        or (
-                            row.state is JobState.RUNNING
-                            and row.lease_until is not None
-                            and row.lease_until <= now
-                        )
-                    )
-                ),
-                key=lambda row: (row.run_at, row.id),
-            )
+            waiting: list[Row] = []
+            lapsed: list[Row] = []
+            for row in state.live_rows(queue):
+                if row.state in _CLAIMABLE:
+                    if row.run_at <= now:
+                        waiting.append(row)
+                elif row.lease_until is not None and row.lease_until <= now:  # running
+                    lapsed.append(row)
+            # Only the first ``free`` rows to take can matter, with any lapsed row ahead of them
+            # (a lapsed final attempt is buried and takes no slot): no need to sort the rest.
+            due = heapq.nsmallest(free + len(lapsed), waiting + lapsed, key=_claim_order)
             taken = 0
             for row in due:
                 if taken == free:
