@@ -4,6 +4,7 @@ jobs."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from ultimat3.jobs.core import (
     job_worker,
 )
 from ultimat3.jobs.core.memory import MemoryJobDriver
+from ultimat3.jobs.core.worker import _Run
 
 
 @dataclass
@@ -382,3 +384,29 @@ async def test_a_renewal_refused_after_the_ack_landed_is_not_a_lost_lease(
     assert events(caplog, "jobs.lease.lost") == []
     assert leases_lost(found) == 0
     assert worker.stats.lease_lost == 0
+
+
+async def test_a_finished_run_is_freed_by_reference_counting_alone(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    """Nothing of a settled run stays reachable (its lease's heap slot included) or waits for
+    the cycle collector: a busy worker would otherwise pay full collections for every run."""
+    done: list[int] = []
+
+    async def record(*, input: Item) -> None:
+        done.append(input.n)
+
+    handle = item_job(record)
+    was_enabled = gc.isenabled()
+    gc.collect()  # what earlier tests left for the collector is not this test's
+    gc.disable()
+    try:
+        async with job_worker(driver=driver, context=lambda: None, jobs=[handle], clock=clock):
+            for n in range(5):
+                await handle.enqueue(Item(n))
+            await until(lambda: len(done) == 5)
+            await settle()
+            assert [o for o in gc.get_objects() if isinstance(o, _Run)] == []
+    finally:
+        if was_enabled:
+            gc.enable()
