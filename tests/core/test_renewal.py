@@ -13,17 +13,19 @@ from ultimat3.jobs.core.renewal import RenewalLoop
 
 
 class Lease:
+    """A lease this test drops before anything is due: nothing may call it."""
+
     async def renew(self) -> bool:
-        return True
+        raise AssertionError("a dropped entry was renewed")
 
     def refused(self) -> None:
-        return None
+        raise AssertionError("a dropped entry was refused")
 
     def lapsed(self) -> None:
-        return None
+        raise AssertionError("a dropped entry lapsed")
 
     def failed(self, error: BaseException) -> None:
-        return None
+        raise AssertionError("a dropped entry failed") from error
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ from ultimat3.jobs.core import (
     FrozenClock,
     InvariantError,
     JobState,
+    JobWorker,
     Retry,
     job,
     job_worker,
@@ -54,6 +55,10 @@ class ClaimSpy:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
+
+    def worker(self, **options: Any) -> JobWorker:
+        """A worker claiming through this spy, with no services."""
+        return job_worker(driver=self, context=lambda: None, **options)  # type: ignore[arg-type]
 
     async def claim(
         self,
@@ -159,9 +164,7 @@ async def test_a_pass_is_one_claim_over_every_queue_with_a_free_slot(
     driver: MemoryJobDriver, clock: FrozenClock
 ) -> None:
     spy = ClaimSpy(driver)
-    worker = job_worker(
-        driver=spy,  # type: ignore[arg-type]
-        context=lambda: None,
+    worker = spy.worker(
         queues=["a", "b", "c"],
         concurrency={"a": 2, "b": 1, "c": 4},
         clock=clock,
@@ -182,9 +185,7 @@ async def test_a_claim_takes_half_the_slots_and_a_full_one_is_followed_at_once(
     for n in range(10):
         await handle.enqueue(Item(n))
     spy = ClaimSpy(driver)
-    async with job_worker(
-        driver=spy,  # type: ignore[arg-type]
-        context=lambda: None,
+    async with spy.worker(
         jobs=[handle],
         concurrency=5,
         clock=clock,
@@ -207,9 +208,7 @@ async def test_a_queue_whose_batch_came_back_full_is_claimed_for_again_whatever_
     for n in range(4):
         await handle.enqueue(Item(n))
     spy = ClaimSpy(driver)
-    async with job_worker(
-        driver=spy,  # type: ignore[arg-type]
-        context=lambda: None,
+    async with spy.worker(
         jobs=[handle],
         queues=["busy", "empty"],
         concurrency={"busy": 4, "empty": 2},
@@ -233,9 +232,7 @@ async def test_a_batch_that_comes_back_short_is_not_followed_at_once(
     handle = item_job(gate.run, name="worker-short-claim-gate")
     await handle.enqueue(Item(1))
     spy = ClaimSpy(driver)
-    async with job_worker(
-        driver=spy,  # type: ignore[arg-type]
-        context=lambda: None,
+    async with spy.worker(
         jobs=[handle],
         concurrency=4,
         clock=clock,
@@ -254,9 +251,7 @@ async def test_a_full_queue_is_left_out_of_the_claim(
     gate = Gate()
     handle = item_job(gate.run, name="worker-full-queue-gate", queue="slow")
     spy = ClaimSpy(driver)
-    worker = job_worker(
-        driver=spy,  # type: ignore[arg-type]
-        context=lambda: None,
+    worker = spy.worker(
         jobs=[handle],
         queues=["slow", "fast"],
         concurrency=1,
@@ -296,9 +291,7 @@ async def test_a_full_worker_asks_the_queue_for_nothing(
     handle = item_job(gate.run, name="worker-full-gate")
     await handle.enqueue(Item(1))
     spy = ClaimSpy(driver)
-    async with job_worker(
-        driver=spy,  # type: ignore[arg-type]
-        context=lambda: None,
+    async with spy.worker(
         jobs=[handle],
         concurrency=1,
         clock=clock,
@@ -315,9 +308,7 @@ async def test_idle_the_wait_doubles_from_the_poll_interval_to_the_ceiling(
 ) -> None:
     spy = ClaimSpy(driver)
     start = clock.now()
-    async with job_worker(
-        driver=spy,  # type: ignore[arg-type]
-        context=lambda: None,
+    async with spy.worker(
         queues=["idle"],
         clock=clock,
     ):
@@ -331,9 +322,7 @@ async def test_a_declared_idle_ceiling_is_the_ceiling(
 ) -> None:
     spy = ClaimSpy(driver)
     start = clock.now()
-    async with job_worker(
-        driver=spy,  # type: ignore[arg-type]
-        context=lambda: None,
+    async with spy.worker(
         queues=["idle"],
         idle_poll_max=0.5,
         clock=clock,
@@ -365,9 +354,7 @@ async def test_a_proven_wake_raises_the_idle_ceiling_to_five_seconds(
 ) -> None:
     spy = ClaimSpy(driver)
     start = clock.now()
-    async with job_worker(
-        driver=spy,  # type: ignore[arg-type]
-        context=lambda: None,
+    async with spy.worker(
         queues=["idle"],
         wake=FakeWake(live=True),
         clock=clock,
@@ -382,9 +369,7 @@ async def test_an_unproven_wake_keeps_the_two_second_ceiling(
 ) -> None:
     spy = ClaimSpy(driver)
     start = clock.now()
-    async with job_worker(
-        driver=spy,  # type: ignore[arg-type]
-        context=lambda: None,
+    async with spy.worker(
         queues=["idle"],
         wake=FakeWake(live=False),
         clock=clock,
@@ -400,9 +385,7 @@ async def test_a_notification_from_another_process_starts_a_pass_and_resets_the_
     spy = ClaimSpy(driver)
     wake = FakeWake(live=True)
     start = clock.now()
-    async with job_worker(
-        driver=spy,  # type: ignore[arg-type]
-        context=lambda: None,
+    async with spy.worker(
         queues=["q"],
         wake=wake,
         clock=clock,
@@ -419,9 +402,7 @@ async def test_a_wake_naming_a_queue_the_worker_does_not_serve_is_ignored(
     driver: MemoryJobDriver, clock: FrozenClock
 ) -> None:
     spy = ClaimSpy(driver)
-    async with job_worker(
-        driver=spy,  # type: ignore[arg-type]
-        context=lambda: None,
+    async with spy.worker(
         queues=["mine"],
         clock=clock,
     ):
@@ -445,9 +426,7 @@ async def test_wakes_during_a_pass_ask_for_one_more_pass_not_one_each(
         return batch
 
     spy.claim = slow_claim  # type: ignore[method-assign]
-    async with job_worker(
-        driver=spy,  # type: ignore[arg-type]
-        context=lambda: None,
+    async with spy.worker(
         queues=["q"],
         clock=clock,
     ):
@@ -472,9 +451,7 @@ async def test_a_retry_due_within_a_minute_is_picked_up_by_a_local_timer(
 
     handle = item_job(flaky, retry=Retry(attempts=3, delay=30, jitter=False))
     spy = ClaimSpy(driver)
-    async with job_worker(
-        driver=spy,  # type: ignore[arg-type]
-        context=lambda: None,
+    async with spy.worker(
         jobs=[handle],
         idle_poll_max=3600,  # the poll alone would not come back for an hour
         clock=clock,
@@ -608,9 +585,7 @@ async def test_a_served_queue_no_job_names_is_polled_and_reported_once(
 ) -> None:
     spy = ClaimSpy(driver)
     with caplog.at_level(logging.WARNING, logger="ultimat3.jobs"):
-        async with job_worker(
-            driver=spy,  # type: ignore[arg-type]
-            context=lambda: None,
+        async with spy.worker(
             queues=["nobody-names-this"],
             clock=clock,
         ):
