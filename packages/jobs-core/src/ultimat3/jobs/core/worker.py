@@ -324,8 +324,8 @@ class JobWorker:
         self._state: Literal["new", "running", "stopping", "stopped"] = "new"
         self._accepting = False
         self._runs: dict[tuple[str, str], _Run] = {}
-        """Held runs by (job id, claim token): one token may serve a whole claimed batch."""
-        """By claim token: the same row re-claimed by this worker is a second run."""
+        """Held runs by (job id, claim token): the same row re-claimed by this worker (its lease
+        lapsed while the first run went on) is a second run, not the first one again."""
         self._busy = dict.fromkeys(self._slots, 0)
         self._background: set[asyncio.Task[Any]] = set()
         self._tally: dict[tuple[str, JobOutcome], int] = {}
