@@ -324,8 +324,9 @@ class JobWorker:
         self._state: Literal["new", "running", "stopping", "stopped"] = "new"
         self._accepting = False
         self._runs: dict[tuple[str, str], _Run] = {}
-        """Held runs by (job id, claim token): the same row re-claimed by this worker (its lease
-        lapsed while the first run went on) is a second run, not the first one again."""
+        """Held runs by (job id, claim token): a driver may hand one token to a whole claimed
+        batch, and the same row re-claimed by this worker (its lease lapsed while the first run
+        went on) is a second run, not the first one again."""
         self._busy = dict.fromkeys(self._slots, 0)
         self._background: set[asyncio.Task[Any]] = set()
         self._tally: dict[tuple[str, JobOutcome], int] = {}
