@@ -332,9 +332,8 @@ async def test_a_pass_that_throws_is_logged_and_the_loop_rearms(
     assert [r for r in caplog.records if getattr(r, "event", "") == "jobs.outbox.tick-failed"]
 
 
-async def test_idle_the_relay_backs_off_from_its_interval_to_the_ceiling(
-    driver: MemoryJobDriver, clock: FrozenClock, store: MemoryOutboxStore
-) -> None:
+def claim_times(store: MemoryOutboxStore, clock: FrozenClock) -> list[datetime]:
+    """When each of ``store``'s claims was made, from now on (the list fills as they come)."""
     claims: list[datetime] = []
     original = store.claim
 
@@ -343,6 +342,13 @@ async def test_idle_the_relay_backs_off_from_its_interval_to_the_ceiling(
         return await original(**kwargs)
 
     store.claim = spy  # type: ignore[method-assign]
+    return claims
+
+
+async def test_idle_the_relay_backs_off_from_its_interval_to_the_ceiling(
+    driver: MemoryJobDriver, clock: FrozenClock, store: MemoryOutboxStore
+) -> None:
+    claims = claim_times(store, clock)
     start = clock.now()
     relay = relay_of(store, driver, clock)
     relay.start()
@@ -391,14 +397,7 @@ async def test_an_outbox_wake_brings_a_pass_at_once_and_a_queue_name_does_not(
 async def test_a_live_wake_raises_the_relays_idle_ceiling_to_five_seconds(
     driver: MemoryJobDriver, clock: FrozenClock, store: MemoryOutboxStore
 ) -> None:
-    claims: list[datetime] = []
-    original = store.claim
-
-    async def spy(**kwargs: Any) -> Any:
-        claims.append(clock.now())
-        return await original(**kwargs)
-
-    store.claim = spy  # type: ignore[method-assign]
+    claims = claim_times(store, clock)
     start = clock.now()
     relay = relay_of(store, driver, clock, wake=StubWake(live=True))
     relay.start()

@@ -164,11 +164,7 @@ async def test_a_pass_is_one_claim_over_every_queue_with_a_free_slot(
     driver: MemoryJobDriver, clock: FrozenClock
 ) -> None:
     spy = ClaimSpy(driver)
-    worker = spy.worker(
-        queues=["a", "b", "c"],
-        concurrency={"a": 2, "b": 1, "c": 4},
-        clock=clock,
-    )
+    worker = spy.worker(queues=["a", "b", "c"], concurrency={"a": 2, "b": 1, "c": 4}, clock=clock)
     async with worker:
         await settle()
         # Each queue is asked for half its slots, rounded up (see the next test for why).
@@ -185,11 +181,7 @@ async def test_a_claim_takes_half_the_slots_and_a_full_one_is_followed_at_once(
     for n in range(10):
         await handle.enqueue(Item(n))
     spy = ClaimSpy(driver)
-    async with spy.worker(
-        jobs=[handle],
-        concurrency=5,
-        clock=clock,
-    ):
+    async with spy.worker(jobs=[handle], concurrency=5, clock=clock):
         try:
             # No clock movement and no slot freed: only the full first batch asked for more.
             await until(lambda: len(gate.entered) == 5)
@@ -209,10 +201,7 @@ async def test_a_queue_whose_batch_came_back_full_is_claimed_for_again_whatever_
         await handle.enqueue(Item(n))
     spy = ClaimSpy(driver)
     async with spy.worker(
-        jobs=[handle],
-        queues=["busy", "empty"],
-        concurrency={"busy": 4, "empty": 2},
-        clock=clock,
+        jobs=[handle], queues=["busy", "empty"], concurrency={"busy": 4, "empty": 2}, clock=clock
     ):
         try:
             await until(lambda: len(gate.entered) == 4)
@@ -232,11 +221,7 @@ async def test_a_batch_that_comes_back_short_is_not_followed_at_once(
     handle = item_job(gate.run, name="worker-short-claim-gate")
     await handle.enqueue(Item(1))
     spy = ClaimSpy(driver)
-    async with spy.worker(
-        jobs=[handle],
-        concurrency=4,
-        clock=clock,
-    ):
+    async with spy.worker(jobs=[handle], concurrency=4, clock=clock):
         try:
             await until(lambda: gate.entered == [1])
             await settle()
@@ -251,12 +236,7 @@ async def test_a_full_queue_is_left_out_of_the_claim(
     gate = Gate()
     handle = item_job(gate.run, name="worker-full-queue-gate", queue="slow")
     spy = ClaimSpy(driver)
-    worker = spy.worker(
-        jobs=[handle],
-        queues=["slow", "fast"],
-        concurrency=1,
-        clock=clock,
-    )
+    worker = spy.worker(jobs=[handle], queues=["slow", "fast"], concurrency=1, clock=clock)
     async with worker:
         await settle()
         await handle.enqueue(Item(1))
@@ -291,11 +271,7 @@ async def test_a_full_worker_asks_the_queue_for_nothing(
     handle = item_job(gate.run, name="worker-full-gate")
     await handle.enqueue(Item(1))
     spy = ClaimSpy(driver)
-    async with spy.worker(
-        jobs=[handle],
-        concurrency=1,
-        clock=clock,
-    ):
+    async with spy.worker(jobs=[handle], concurrency=1, clock=clock):
         await until(lambda: gate.entered == [1])
         before = len(spy.claims)
         await run_clock(clock, 60)
@@ -308,10 +284,7 @@ async def test_idle_the_wait_doubles_from_the_poll_interval_to_the_ceiling(
 ) -> None:
     spy = ClaimSpy(driver)
     start = clock.now()
-    async with spy.worker(
-        queues=["idle"],
-        clock=clock,
-    ):
+    async with spy.worker(queues=["idle"], clock=clock):
         await run_clock(clock, 10)
     offsets = [(at - start).total_seconds() for at, _ in spy.claims]
     assert offsets == [0, 0.25, 0.75, 1.75, 3.75, 5.75, 7.75, 9.75]
@@ -322,11 +295,7 @@ async def test_a_declared_idle_ceiling_is_the_ceiling(
 ) -> None:
     spy = ClaimSpy(driver)
     start = clock.now()
-    async with spy.worker(
-        queues=["idle"],
-        idle_poll_max=0.5,
-        clock=clock,
-    ):
+    async with spy.worker(queues=["idle"], idle_poll_max=0.5, clock=clock):
         await run_clock(clock, 2)
     offsets = [(at - start).total_seconds() for at, _ in spy.claims]
     assert offsets == [0, 0.25, 0.75, 1.25, 1.75]
@@ -354,11 +323,7 @@ async def test_a_proven_wake_raises_the_idle_ceiling_to_five_seconds(
 ) -> None:
     spy = ClaimSpy(driver)
     start = clock.now()
-    async with spy.worker(
-        queues=["idle"],
-        wake=FakeWake(live=True),
-        clock=clock,
-    ):
+    async with spy.worker(queues=["idle"], wake=FakeWake(live=True), clock=clock):
         await run_clock(clock, 14)
     offsets = [(at - start).total_seconds() for at, _ in spy.claims]
     assert offsets == [0, 0.25, 0.75, 1.75, 3.75, 7.75, 12.75]
@@ -369,11 +334,7 @@ async def test_an_unproven_wake_keeps_the_two_second_ceiling(
 ) -> None:
     spy = ClaimSpy(driver)
     start = clock.now()
-    async with spy.worker(
-        queues=["idle"],
-        wake=FakeWake(live=False),
-        clock=clock,
-    ):
+    async with spy.worker(queues=["idle"], wake=FakeWake(live=False), clock=clock):
         await run_clock(clock, 6)
     offsets = [(at - start).total_seconds() for at, _ in spy.claims]
     assert offsets == [0, 0.25, 0.75, 1.75, 3.75, 5.75]
@@ -385,11 +346,7 @@ async def test_a_notification_from_another_process_starts_a_pass_and_resets_the_
     spy = ClaimSpy(driver)
     wake = FakeWake(live=True)
     start = clock.now()
-    async with spy.worker(
-        queues=["q"],
-        wake=wake,
-        clock=clock,
-    ):
+    async with spy.worker(queues=["q"], wake=wake, clock=clock):
         await run_clock(clock, 4)  # passes at 0, .25, .75, 1.75, 3.75; next at 7.75
         wake.notify("q")
         await settle()
@@ -402,10 +359,7 @@ async def test_a_wake_naming_a_queue_the_worker_does_not_serve_is_ignored(
     driver: MemoryJobDriver, clock: FrozenClock
 ) -> None:
     spy = ClaimSpy(driver)
-    async with spy.worker(
-        queues=["mine"],
-        clock=clock,
-    ):
+    async with spy.worker(queues=["mine"], clock=clock):
         await settle()
         before = len(spy.claims)
         signal_enqueued("someone-elses")
@@ -426,10 +380,7 @@ async def test_wakes_during_a_pass_ask_for_one_more_pass_not_one_each(
         return batch
 
     spy.claim = slow_claim  # type: ignore[method-assign]
-    async with spy.worker(
-        queues=["q"],
-        clock=clock,
-    ):
+    async with spy.worker(queues=["q"], clock=clock):
         await settle()
         assert len(spy.claims) == 1
         for _ in range(5):
@@ -585,10 +536,7 @@ async def test_a_served_queue_no_job_names_is_polled_and_reported_once(
 ) -> None:
     spy = ClaimSpy(driver)
     with caplog.at_level(logging.WARNING, logger="ultimat3.jobs"):
-        async with spy.worker(
-            queues=["nobody-names-this"],
-            clock=clock,
-        ):
+        async with spy.worker(queues=["nobody-names-this"], clock=clock):
             await run_clock(clock, 3)
     events = [
         r for r in caplog.records if getattr(r, "event", "") == "jobs.worker.queue-unregistered"
