@@ -7,7 +7,6 @@ each is atomic exactly as a statement is on a server.
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime, timedelta
 
@@ -35,8 +34,6 @@ from .leases import MemoryLeaseStore
 from .state import MemoryState, Row
 
 __all__ = ["MemoryJobDriver", "memory_job_driver"]
-
-_CLAIMABLE = (JobState.READY, JobState.DELAYED, JobState.SUSPENDED)
 
 
 def _claim_order(row: Row) -> tuple[datetime, str]:
@@ -128,17 +125,11 @@ class MemoryJobDriver:
         for queue, free in slots.items():
             if free <= 0 or queue in state.paused_queues:
                 continue
-            waiting: list[Row] = []
-            lapsed: list[Row] = []
-            for row in state.live_rows(queue):
-                if row.state in _CLAIMABLE:
-                    if row.run_at <= now:
-                        waiting.append(row)
-                elif row.lease_until is not None and row.lease_until <= now:  # running
-                    lapsed.append(row)
-            # Only the first ``free`` rows to take can matter, with any lapsed row ahead of them
-            # (a lapsed final attempt is buried and takes no slot): no need to sort the rest.
-            due = heapq.nsmallest(free + len(lapsed), waiting + lapsed, key=_claim_order)
+            # A lapsed row may sort ahead of the waiting ones (and, on its final attempt, be
+            # buried without taking a slot): only the first free + len(lapsed) rows can matter.
+            lapsed = state.lapsed_rows(queue, now)
+            waiting = state.due_rows(queue, now, free + len(lapsed))
+            due = sorted(waiting + lapsed, key=_claim_order)
             taken = 0
             for row in due:
                 if taken == free:
