@@ -13,8 +13,8 @@ from psycopg import AsyncConnection
 from ultimat3.jobs.core import EnqueueRequest, FrozenClock, new_id
 from ultimat3.jobs.core.errors import OutboxNoTxError
 from ultimat3.jobs.pg import PostgresJobDriver
-from ultimat3.jobs.pg.outbox import PostgresOutboxStore, postgres_outbox_store
-from ultimat3.jobs.pg.sql_outbox import OUTBOX_WAKE_CHANNEL
+from ultimat3.jobs.pg.outbox import PostgresOutboxStore, postgres_outbox_store, stage_params
+from ultimat3.jobs.pg.sql_outbox import OUTBOX_WAKE_CHANNEL, SQL_OUTBOX_STAGE
 from ultimat3.jobs.pg.transaction import current_tx, jobs_transaction
 
 pytestmark = pytest.mark.pg
@@ -229,3 +229,36 @@ async def test_purge_removes_only_rows_published_longer_ago_than_the_retention(
     assert await store.purge_published(older_than="7d") == 0
     cursor = await app.execute("select id from x_outbox order by staged_at, id")
     assert [row[0] for row in await cursor.fetchall()] == [recent.id, waiting.id]
+
+
+def nodes_on(plan: dict[str, Any], table: str) -> list[str]:
+    """The node type of every node of an EXPLAIN (FORMAT JSON) plan that reads or writes
+    ``table``."""
+    found = [plan["Node Type"]] if plan.get("Relation Name") == table else []
+    for child in plan.get("Plans", []):
+        found += nodes_on(child, table)
+    return found
+
+
+async def test_a_stage_never_reads_the_audit_trail_to_decide_whether_to_wake(
+    driver: PostgresJobDriver, app: AsyncConnection[Any], clock: FrozenClock
+) -> None:
+    """Statistics taken while rows waited, then all of them published: the stage's "does a row
+    already wait?" must go to the waiting rows' index, not read every published row from the
+    table's start (it did, inside the caller's transaction, when asked as NOT EXISTS)."""
+    await app.execute(
+        "insert into x_outbox (id, run_id, name, queue, input, idempotency_key, max_attempts,"
+        " run_at, staged_at) select 'o' || g, 'r' || g, 'n', 'q', '{}', 'k' || g, 3, now(), now()"
+        " from generate_series(1, 3000) g"
+    )
+    await app.execute("analyze x_outbox")
+    await app.execute("update x_outbox set claimed_by = 'r1', published_at = now()")
+    await app.execute("vacuum x_outbox")
+    async with app.transaction(force_rollback=True):
+        cursor = await app.execute(
+            "explain (format json) " + SQL_OUTBOX_STAGE, stage_params(request(clock), clock)
+        )
+        ((plan,),) = await cursor.fetchall()
+    scans = nodes_on(plan[0]["Plan"], "x_outbox")
+    assert scans
+    assert "Seq Scan" not in scans, scans

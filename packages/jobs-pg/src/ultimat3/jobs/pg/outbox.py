@@ -39,7 +39,7 @@ from .sql_outbox import (
 )
 from .transaction import current_tx
 
-__all__ = ["PostgresOutboxStore", "TxExecutor", "postgres_outbox_store"]
+__all__ = ["PostgresOutboxStore", "TxExecutor", "postgres_outbox_store", "stage_params"]
 
 TxExecutor = Callable[[], "AsyncConnection[Any] | None"]
 """Answers the caller's open transaction — its psycopg connection — or None outside one."""
@@ -60,7 +60,7 @@ class PostgresOutboxStore:
     async def stage(self, request: EnqueueRequest) -> None:
         """Stage ``request`` in the caller's transaction (a statement of its own when there is
         none, as the memory store does outside ``transaction()``)."""
-        params = _stage_params(request, self._clock)
+        params = stage_params(request, self._clock)
         conn = self._tx_executor()
         if conn is None:
             await self._executor.fetch(SQL_OUTBOX_STAGE, params, idempotent=True)
@@ -139,7 +139,8 @@ def postgres_outbox_store(
     )
 
 
-def _stage_params(request: EnqueueRequest, clock: Clock) -> dict[str, Any]:
+def stage_params(request: EnqueueRequest, clock: Clock) -> dict[str, Any]:
+    """What SQL_OUTBOX_STAGE takes to stage ``request`` now."""
     return {
         "id": request.id,
         "run_id": request.run_id,

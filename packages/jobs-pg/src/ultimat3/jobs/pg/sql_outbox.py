@@ -36,6 +36,10 @@ SQL_OUTBOX_STAGE = """
 --   already waits unclaimed in this transaction's view. A waiting row means a relay already has a
 --   reason to poll, and a NOTIFY per staged row would queue every committing transaction behind
 --   the server's notify lock.
+-- That check reads the first unclaimed waiting row through x_outbox_pending_idx, in the relay's
+-- order: asked as NOT EXISTS, with statistics taken while rows waited, the planner read the table
+-- from its start instead, through every published row the audit trail keeps (6 ms a stage beside
+-- 30,000 of them, inside the caller's transaction).
 with staged as (
     insert into x_outbox (
         id, run_id, name, queue, input, idempotency_key, tenant_id, max_attempts, run_at,
@@ -51,9 +55,15 @@ with staged as (
 )
 select pg_notify('x_outbox_wake', '')
 where exists (select 1 from staged)
-  and not exists (
-      select 1 from x_outbox where published_at is null and claimed_by is null
-  )
+  and (
+      select count(*)
+      from (
+          select 1 from x_outbox
+          where published_at is null and claimed_by is null
+          order by staged_at, id
+          limit 1
+      ) first_waiting
+  ) = 0
 """
 
 SQL_OUTBOX_CLAIM = """
