@@ -9,10 +9,11 @@ from typing import Any
 
 import pytest
 
-from ultimat3.jobs.core import AckOptions, EnqueueRequest, FrozenClock, JobState
+from ultimat3.jobs.core import AckOptions, EnqueueRequest, FrozenClock, JobState, NackOptions
 from ultimat3.jobs.core.errors import DriverUnavailableError, InvariantError
 from ultimat3.jobs.redis import RedisJobDriver, redis_job_driver, scripts
 from ultimat3.jobs.redis.cli import driver_from_url
+from ultimat3.jobs.redis.codec import to_us
 
 RequestBuilder = Callable[..., EnqueueRequest]
 
@@ -177,3 +178,43 @@ async def test_times_round_trip_to_the_microsecond(
     assert detail is not None
     assert (detail.row.run_at, detail.row.created_at) == (request.run_at, clock.now())
     assert detail.row.state is JobState.DELAYED
+
+
+async def test_the_oldest_waiting_row_is_found_behind_pages_of_suspended_ones(
+    driver: RedisJobDriver, clock: FrozenClock, new_request: RequestBuilder
+) -> None:
+    """Suspended rows share the due index with the waiting ones: stats steps over them, page
+    after page, to the first row that waits."""
+    await driver.enqueue_many([new_request() for _ in range(250)])
+    jobs = (await driver.claim(worker_id="w", slots={"q": 250}, visibility_timeout=30)).jobs
+    for job in jobs:
+        parked = NackOptions(job.claim.worker_id, job.claim.claim, run_at=clock.now(), park=True)
+        assert await driver.nack(job.id, parked)
+    clock.advance(1)
+    waiting = new_request()
+    await driver.enqueue(waiting)
+    later = new_request(delay=60)
+    await driver.enqueue(later)
+    clock.advance(1)
+    (stats,) = await driver.stats()
+    assert (stats.suspended, stats.ready, stats.delayed) == (250, 1, 1)
+    assert stats.oldest_ready_at == waiting.run_at
+
+
+@pytest.mark.parametrize("tied", [False, True], ids=["apart", "one-instant"])
+async def test_a_lookup_pages_through_every_event_since_to_the_match(
+    driver: RedisJobDriver, tied: bool
+) -> None:
+    """Events that do not match fill pages ahead of the one that does; published in one
+    instant, they share one score, and the pages must still go on past them."""
+    bus = driver.events
+    since = await bus.now()
+    for n in range(250):
+        await bus.publish("e", {"n": n})
+    match = await bus.publish("e", {"n": "the one"})
+    index = driver.namespace.key("evby:e")
+    if tied:
+        members = await driver.client.zrange(index, 0, -1)
+        await driver.client.zadd(index, dict.fromkeys(members, float(int(to_us(since)) + 1)))
+    assert await bus.lookup("e", since=since, match={"n": "the one"}) == match
+    assert await bus.lookup("e", since=since, match={"n": "none"}) is None

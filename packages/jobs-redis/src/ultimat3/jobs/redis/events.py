@@ -60,14 +60,18 @@ class RedisEventBus:
     ) -> EventRecord | None:
         now = await self.now()
         index = self._ns.key(f"evby:{event}")
-        offset = 0
+        # Paged by position, (score, how many entries at that score were read): a page found by
+        # an offset from `since` walks again every entry before it, which made a lookup
+        # quadratic in the events published since the wait began.
+        score, seen_at_score = int(to_us(since)), 0
         while True:
-            ids = cast(
-                list[str],
+            page = cast(
+                list[tuple[str, float]],
                 await self._ns.client.zrangebyscore(
-                    index, to_us(since), "+inf", start=offset, num=_PAGE
+                    index, score, "+inf", start=seen_at_score, num=_PAGE, withscores=True
                 ),
             )
+            ids = [event_id for event_id, _ in page]
             rows = await self._ns.hashes([f"ev:{event_id}" for event_id in ids])
             for event_id, row in zip(ids, rows, strict=True):
                 if not row or from_us(row["expires"]) <= now:
@@ -81,9 +85,12 @@ class RedisEventBus:
                         published_at=from_us(row["published"]),
                         expires_at=from_us(row["expires"]),
                     )
-            if len(ids) < _PAGE:
+            if len(page) < _PAGE:
                 return None
-            offset += _PAGE
+            last = int(page[-1][1])
+            ties = sum(1 for _, at in page if int(at) == last)
+            seen_at_score = ties + (seen_at_score if last == score else 0)
+            score = last
 
     async def now(self) -> datetime:
         return from_us(await self._ns.call("events", "now"))

@@ -6,16 +6,19 @@ for _, q in ipairs(redis.call('SMEMBERS', K_QUEUES)) do
   local counts = {}
   for i, s in ipairs(STATES) do counts[i] = redis.call('ZCARD', k_state(q, s)) end
   local oldest = false
-  local offset = 0
-  -- Suspended rows share the due index; step over the due ones to the first waiting row.
-  while not oldest do
-    local page = redis.call('ZRANGEBYSCORE', k_due(q), '-inf', NOW, 'LIMIT', offset, 100)
-    if #page == 0 then break end
-    for _, id in ipairs(page) do
-      local f = redis.call('HMGET', k_job(id), 'state', 'run_at')
-      if f[1] ~= 'suspended' then oldest = f[2] break end
+  -- Suspended rows share the due index: step over the due ones to the first waiting row. Paged
+  -- by rank, each page found in O(log n): a ZRANGEBYSCORE offset walks again every row it
+  -- skips, which made a metrics scrape quadratic in the suspended rows due (0.8 s beside 60,000).
+  local start, last = 0, false
+  while not last do
+    local page = redis.call('ZRANGE', k_due(q), start, start + 99, 'WITHSCORES')
+    last = #page < 200
+    for i = 1, #page, 2 do
+      if tonumber(page[i + 1]) > NOW_N then last = true break end
+      local f = redis.call('HMGET', k_job(page[i]), 'state', 'run_at')
+      if f[1] ~= 'suspended' then oldest, last = f[2], true break end
     end
-    offset = offset + #page
+    start = start + 100
   end
   out[#out + 1] = {q, counts, oldest}
 end
