@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from pg.faulty import Faults, faulty_pool
+from pg.plans import scans_run
 from psycopg.errors import DeadlockDetected
 
 from ultimat3.jobs.core import EnqueueRequest, FrozenClock, memory_job_driver, new_id
@@ -140,25 +141,10 @@ async def test_batches_racing_on_the_same_keys_never_deadlock(
     assert not [e for e in faults.errors if isinstance(e, DeadlockDetected)]
 
 
-def x_jobs_scans(plan: dict[str, Any]) -> list[tuple[str, int]]:
-    """(node type, rows it read) for every scan of x_jobs in an EXPLAIN (ANALYZE, FORMAT JSON)
-    plan, subplans and CTEs included: the rows it answered and the rows its filter dropped."""
-    found = []
-    if plan.get("Relation Name") == "x_jobs" and "Scan" in plan["Node Type"]:
-        read = plan["Actual Rows"] + plan.get("Rows Removed by Filter", 0)
-        found.append((plan["Node Type"], read * plan["Actual Loops"]))
-    for child in plan.get("Plans", []):
-        found += x_jobs_scans(child)
-    return found
-
-
 async def enqueue_plan_scans(driver: PostgresJobDriver, clock: FrozenClock) -> list[Any]:
-    """The x_jobs scans of an enqueue's plan, run (and rolled back) now."""
+    """The x_jobs scans an enqueue runs now (rolled back)."""
     params = enqueue_params([request(clock, "probe", "probe")], clock.now())
-    async with driver.executor.connection() as conn, conn.transaction(force_rollback=True):
-        cursor = await conn.execute("explain (analyze, format json) " + SQL_ENQUEUE, params)
-        ((plan,),) = await cursor.fetchall()
-    return x_jobs_scans(plan[0]["Plan"])
+    return await scans_run(driver.executor, SQL_ENQUEUE, params, "x_jobs")
 
 
 async def test_an_enqueue_reads_a_row_or_two_however_long_the_backlog(

@@ -8,13 +8,20 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from pg.plans import plan_of
 from psycopg import AsyncConnection
 
 from ultimat3.jobs.core import EnqueueRequest, FrozenClock, new_id
 from ultimat3.jobs.core.errors import OutboxNoTxError
 from ultimat3.jobs.pg import PostgresJobDriver
 from ultimat3.jobs.pg.outbox import PostgresOutboxStore, postgres_outbox_store, stage_params
-from ultimat3.jobs.pg.sql_outbox import OUTBOX_WAKE_CHANNEL, SQL_OUTBOX_STAGE
+from ultimat3.jobs.pg.sql_outbox import (
+    OUTBOX_WAKE_CHANNEL,
+    SQL_OUTBOX_CLAIM,
+    SQL_OUTBOX_MARK_PUBLISHED,
+    SQL_OUTBOX_RELEASE,
+    SQL_OUTBOX_STAGE,
+)
 from ultimat3.jobs.pg.transaction import current_tx, jobs_transaction
 
 pytestmark = pytest.mark.pg
@@ -262,3 +269,45 @@ async def test_a_stage_never_reads_the_audit_trail_to_decide_whether_to_wake(
     scans = nodes_on(plan[0]["Plan"], "x_outbox")
     assert scans
     assert "Seq Scan" not in scans, scans
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["custom-plan", "generic-plan"])
+async def test_a_relay_finds_the_rows_it_names_by_id_whatever_the_statistics_say(
+    driver: PostgresJobDriver, app: AsyncConnection[Any], clock: FrozenClock, generic: bool
+) -> None:
+    """Statistics taken while nothing waited (every row published), then a backlog: retiring or
+    handing back a batch must look its rows up by id, not read the backlog through the pending
+    index the statistics make look empty."""
+    await app.execute(
+        "insert into x_outbox (id, run_id, name, queue, input, idempotency_key, max_attempts,"
+        " run_at, staged_at, claimed_by, published_at) select 'p' || g, 'r' || g, 'n', 'q',"
+        " '{}', 'k' || g, 3, now(), now(), 'r0', now() from generate_series(1, 3000) g"
+    )
+    await app.execute("analyze x_outbox")
+    await app.execute(
+        "insert into x_outbox (id, run_id, name, queue, input, idempotency_key, max_attempts,"
+        " run_at, staged_at, claimed_by, claimed_at) select 'w' || g, 'r' || g, 'n', 'q',"
+        " '{}', 'k' || g, 3, now(), now(), 'r1', now() from generate_series(1, 3000) g"
+    )
+    named = {"ids": [f"w{n}" for n in range(1, 11)], "claimant": "r1", "now": clock.now()}
+    for query in (SQL_OUTBOX_MARK_PUBLISHED, SQL_OUTBOX_RELEASE):
+        plan = await plan_of(driver.executor, query, named, generic=generic)
+        assert "x_outbox_pkey" in plan, plan
+        assert "x_outbox_pending_idx" not in plan, plan
+
+
+async def test_a_claim_stamps_its_batch_by_id_whatever_the_statistics_say(
+    driver: PostgresJobDriver, app: AsyncConnection[Any], clock: FrozenClock
+) -> None:
+    """Statistics taken during a backlog: the generic plan of a claim guesses its batch at a
+    tenth of the backlog, and stamped it by hashing the whole table, audit trail included."""
+    await app.execute(
+        "insert into x_outbox (id, run_id, name, queue, input, idempotency_key, max_attempts,"
+        " run_at, staged_at, published_at) select 'o' || g, 'r' || g, 'n', 'q', '{}',"
+        " 'k' || g, 3, now(), now(), case when g > 3000 then now() end"
+        " from generate_series(1, 30000) g"
+    )
+    await app.execute("analyze x_outbox")
+    claim = {"claimant": "r2", "now": clock.now(), "lapsed_before": clock.now(), "limit": 10}
+    plan = await plan_of(driver.executor, SQL_OUTBOX_CLAIM, claim, generic=True)
+    assert "Seq Scan on x_outbox" not in plan, plan

@@ -47,14 +47,20 @@ with target as (
     select * from x_jobs where id = %(id)s for update
 ),
 holder as (
-    select j.id
-    from x_jobs j, target t
-    where j.name = t.name
-      and coalesce(j.tenant_id, '') = coalesce(t.tenant_id, '')
-      and j.idempotency_key = t.idempotency_key
-      and j.state in ('ready', 'delayed', 'running', 'suspended')
-      and j.id <> t.id
-    limit 1
+    -- Looked up from the target's key (lateral), so the live-key index is searched by it: a
+    -- join let the planner read that index whole when statistics made it look empty.
+    select h.id
+    from target t
+    cross join lateral (
+        select j.id
+        from x_jobs j
+        where j.name = t.name
+          and coalesce(j.tenant_id, '') = coalesce(t.tenant_id, '')
+          and j.idempotency_key = t.idempotency_key
+          and j.state in ('ready', 'delayed', 'running', 'suspended')
+          and j.id <> t.id
+        limit 1
+    ) h
 ),
 cut as (
     select s.seq
@@ -102,7 +108,9 @@ update x_jobs
 set state = 'cancelled', last_error = %(error)s, updated_at = %(now)s, finished_at = %(now)s,
     worker_id = null, claim = null, lease_until = null
 where id = %(id)s
-  and state in ('ready', 'delayed', 'running', 'suspended')
+  -- `is true`: by primary key, never the live-key index a plain IN would let the planner read
+  -- whole (see sql_settle.py)
+  and (state in ('ready', 'delayed', 'running', 'suspended')) is true
 returning id, run_id, name, queue, state, input, idempotency_key, tenant_id, attempt,
           max_attempts, run_at, created_at, updated_at, finished_at, last_error, progress,
           worker_id, lease_until, enqueued_by, traceparent

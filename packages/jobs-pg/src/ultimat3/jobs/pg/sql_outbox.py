@@ -5,6 +5,11 @@ A row's ``id`` IS the job id the relay publishes it under, and it carries the ru
 an enqueue answers inside the transaction name the job it becomes. Published rows stay, with
 ``published_at``, as the audit trail of what was published and when (``SQL_OUTBOX_PURGE`` trims
 it).
+
+The writes on rows a relay names read ``(published_at is null) is true``: the same test as
+``published_at is null``, but one that does not let the planner serve the write from
+x_outbox_pending_idx. With statistics taken while nothing waited, that index looks empty, and
+the planner read the whole backlog through it for every batch a relay retired.
 """
 
 from __future__ import annotations
@@ -84,7 +89,9 @@ SQL_OUTBOX_CLAIM = """
 -- * SKIP LOCKED: a relay never waits on rows another relay is claiming at this instant;
 -- * the answer comes back in (staged_at, id) order, claimant and claim time on every row.
 -- The candidates are chosen and locked in a MATERIALIZED CTE before the UPDATE, so the planner
--- cannot fold the LIMIT away and stamp more rows than it hands back.
+-- cannot fold the LIMIT away and stamp more rows than it hands back; the UPDATE finds them by
+-- id as an array, which always plans as a primary-key lookup (a join let a generic plan hash
+-- the whole table).
 with free as materialized (
     select id
     from x_outbox
@@ -97,8 +104,7 @@ with free as materialized (
 claimed as (
     update x_outbox o
     set claimed_by = %(claimant)s, claimed_at = %(now)s
-    from free
-    where o.id = free.id
+    where o.id = any(array(select id from free))
     returning o.id, o.run_id, o.name, o.queue, o.input, o.idempotency_key, o.tenant_id,
               o.max_attempts, o.run_at, o.enqueued_by, o.traceparent, o.staged_at,
               o.claimed_by, o.claimed_at
@@ -116,7 +122,7 @@ update x_outbox
 set claimed_by = null, claimed_at = null
 where id = any(%(ids)s::text[])
   and claimed_by = %(claimant)s
-  and published_at is null
+  and (published_at is null) is true
 returning id
 """
 
@@ -130,7 +136,7 @@ update x_outbox
 set published_at = %(now)s
 where id = any(%(ids)s::text[])
   and claimed_by = %(claimant)s
-  and published_at is null
+  and (published_at is null) is true
 returning id
 """
 

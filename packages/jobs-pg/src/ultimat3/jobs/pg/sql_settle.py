@@ -9,6 +9,12 @@ document (an array of rows, read as jsonb so it is parsed once): encoding it cos
 third of what a dozen arrays do. Its rows are read under ``limit count``, the batch's length: the
 planner would guess a JSON document at 100 rows, and judge looking a small batch up by id dearer
 than reading the whole table.
+
+The fence reads ``(state = 'running') is true``, not ``state = 'running'``: the two agree (state
+is never null), but only the plain form lets the planner serve the write from the live-key index,
+whose predicate it implies. With statistics taken while no row lived, that index looks empty, and
+the planner read it whole for every batch: 80 ms an ack of 50 beside 8,000 live rows, against
+0.6 ms through the primary key.
 """
 
 from __future__ import annotations
@@ -42,7 +48,7 @@ acked as (
         lease_until = null
     from settle s
     where j.id = s.id
-      and j.state = 'running'
+      and (j.state = 'running') is true
       and j.worker_id = s.worker_id
       and j.claim = s.claim
     returning j.id, j.name, s.duration_ms
@@ -95,7 +101,7 @@ nacked as (
         lease_until = null
     from settle s
     where j.id = s.id
-      and j.state = 'running'
+      and (j.state = 'running') is true
       and j.worker_id = s.worker_id
       and j.claim = s.claim
     returning j.id, j.name, s.counter, s.duration_ms
@@ -142,7 +148,7 @@ from (
      true
  )) as durability
 where j.id = s.id
-  and j.state = 'running'
+  and (j.state = 'running') is true
   and j.worker_id = s.worker_id
   and j.claim = s.claim
 returning j.id
@@ -158,7 +164,7 @@ with owner as (
     select id
     from x_jobs
     where id = %(job_id)s
-      and state = 'running'
+      and (state = 'running') is true
       and worker_id = %(worker_id)s
       and claim = %(claim)s
     for share
@@ -189,7 +195,7 @@ from (
     )
 ) as durability
 where id = %(id)s
-  and state = 'running'
+  and (state = 'running') is true
   and worker_id = %(worker_id)s
   and claim = %(claim)s
 returning id
