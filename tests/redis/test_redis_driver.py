@@ -9,7 +9,16 @@ from typing import Any
 
 import pytest
 
-from ultimat3.jobs.core import AckOptions, EnqueueRequest, FrozenClock, JobState, NackOptions
+from ultimat3.jobs.core import (
+    AckOptions,
+    BulkFilter,
+    BulkResult,
+    EnqueueRequest,
+    FrozenClock,
+    JobState,
+    NackOptions,
+)
+from ultimat3.jobs.core.constants import MAX_BULK_ROWS
 from ultimat3.jobs.core.errors import DriverUnavailableError, InvariantError
 from ultimat3.jobs.redis import RedisJobDriver, redis_job_driver, scripts
 from ultimat3.jobs.redis.cli import driver_from_url
@@ -218,3 +227,17 @@ async def test_a_lookup_pages_through_every_event_since_to_the_match(
         await driver.client.zadd(index, dict.fromkeys(members, float(int(to_us(since)) + 1)))
     assert await bus.lookup("e", since=since, match={"n": "the one"}) == match
     assert await bus.lookup("e", since=since, match={"n": "none"}) is None
+
+
+async def test_a_removal_by_state_stops_walking_once_its_budget_is_spent(
+    driver: RedisJobDriver, new_request: RequestBuilder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What remains of a removal filtered on state (and queue) is the size of what it walks: a
+    call reads the rows it removes, not every row left behind it."""
+    await driver.enqueue_many([new_request() for _ in range(3 * MAX_BULK_ROWS)])
+    calls = _count_scripts(driver, monkeypatch)
+    ready = BulkFilter(state=JobState.READY, queue="q")
+    assert await driver.introspect.remove_many(ready) == BulkResult(MAX_BULK_ROWS, 2000)
+    assert calls["bulk"] == MAX_BULK_ROWS // 500
+    named = BulkFilter(state=JobState.READY, name="job")
+    assert await driver.introspect.remove_many(named) == BulkResult(MAX_BULK_ROWS, 1000)

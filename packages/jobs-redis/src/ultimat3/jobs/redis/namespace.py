@@ -66,6 +66,13 @@ class Namespace:
             pipe.hgetall(self.key(suffix))
         return cast(list[dict[str, str]], await pipe.execute())
 
+    async def sizes(self, keys: Sequence[str]) -> int:
+        """How many members the sorted sets named (full keys) hold together, in one round trip."""
+        pipe = self.client.pipeline(transaction=False)
+        for key in keys:
+            pipe.zcard(key)
+        return sum(cast(list[int], await pipe.execute()))
+
     async def call(
         self,
         name: str,
