@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -15,10 +17,13 @@ from ultimat3.jobs.core import (
     BulkResult,
     EnqueueRequest,
     FrozenClock,
+    JobFilter,
     JobState,
     NackOptions,
+    memory_job_driver,
 )
 from ultimat3.jobs.core.constants import MAX_BULK_ROWS
+from ultimat3.jobs.core.cursor import job_cursor
 from ultimat3.jobs.core.errors import DriverUnavailableError, InvariantError
 from ultimat3.jobs.redis import RedisJobDriver, redis_job_driver, scripts
 from ultimat3.jobs.redis.cli import driver_from_url
@@ -241,3 +246,35 @@ async def test_a_removal_by_state_stops_walking_once_its_budget_is_spent(
     assert calls["bulk"] == MAX_BULK_ROWS // 500
     named = BulkFilter(state=JobState.READY, name="job")
     assert await driver.introspect.remove_many(named) == BulkResult(MAX_BULK_ROWS, 1000)
+
+
+async def test_a_created_window_pages_as_the_memory_driver_does(
+    driver: RedisJobDriver, clock: FrozenClock, new_request: RequestBuilder
+) -> None:
+    """The walk starts at a created_at window's edge and stops past its other one; every page,
+    whichever the cursor, matches the executable specification's."""
+    memory = memory_job_driver(clock=clock)
+    for second in range(12):
+        for _ in range(1 + second % 3):  # some rows share their created_at
+            request = new_request(queue=f"q{second % 2}")
+            await driver.enqueue(request)
+            await memory.enqueue(request)
+        clock.advance(1)
+    start = clock.now() - timedelta(seconds=12)
+    rows = (await memory.introspect.list(JobFilter(limit=100))).rows
+    for low, high in ((2, 9), (0, 4), (5, 12), (7, 7)):
+        for queue in (None, "q1"):
+            window = JobFilter(
+                queue=queue,
+                created_from=start + timedelta(seconds=low),
+                created_to=start + timedelta(seconds=high),
+                limit=3,
+            )
+            for cursor in [None, *rows[::4]]:
+                for page in (
+                    window if cursor is None else replace(window, after=job_cursor(cursor)),
+                    *([] if cursor is None else [replace(window, before=job_cursor(cursor))]),
+                ):
+                    ours = await driver.introspect.list(page)
+                    theirs = await memory.introspect.list(page)
+                    assert [r.id for r in ours.rows] == [r.id for r in theirs.rows], page

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import builtins
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import datetime, timedelta
 from typing import Literal
 
@@ -74,9 +74,21 @@ class RedisIntrospection:
         elif filter.before is not None:
             at, job_id = parse_cursor(filter.before, which="before")
             start, direction = (int(to_us(at)), job_id), "asc"
+        # A created_at window bounds the walk: it starts at the window's edge and stops past
+        # its other one, rather than read every row outside it.
+        window_from = None if filter.created_from is None else int(to_us(filter.created_from))
+        window_to = None if filter.created_to is None else int(to_us(filter.created_to))
+        if direction == "desc" and window_to is not None:
+            start = min(start, (window_to, "")) if start is not None else (window_to, "")
+        if direction == "asc" and window_from is not None:
+            start = max(start, (window_from, "")) if start is not None else (window_from, "")
         sources = await self._sources(filter.state, filter.queue)
         rows: builtins.list[JobRow] = []
         positions = walk(self._ns, sources, direction=direction, start=start)
+        if direction == "desc" and window_from is not None:
+            positions = _while(positions, lambda at: at[0] >= window_from)
+        if direction == "asc" and window_to is not None:
+            positions = _while(positions, lambda at: at[0] < window_to)
         async for batch in _batches(positions, limit):
             for row in await self._rows([job_id for _, job_id in batch]):
                 if _matches(row, filter):
@@ -288,6 +300,16 @@ async def _batches(
             batch = []
     if batch:
         yield batch
+
+
+async def _while(
+    positions: AsyncIterator[Position], holds: Callable[[Position], bool]
+) -> AsyncIterator[Position]:
+    """``positions`` up to the first that ``holds`` is false for."""
+    async for position in positions:
+        if not holds(position):
+            return
+        yield position
 
 
 def _matches(row: JobRow, filter: JobFilter) -> bool:
