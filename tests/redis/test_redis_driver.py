@@ -278,3 +278,71 @@ async def test_a_created_window_pages_as_the_memory_driver_does(
                     ours = await driver.introspect.list(page)
                     theirs = await memory.introspect.list(page)
                     assert [r.id for r in ours.rows] == [r.id for r in theirs.rows], page
+
+
+async def test_expired_lease_holders_go_however_many_expire_at_once(
+    driver: RedisJobDriver, clock: FrozenClock
+) -> None:
+    leases = driver.leases
+    many = 9000  # past what one Lua unpack() can spread
+    assert all(
+        await asyncio.gather(
+            *(leases.acquire("k", f"h{n}", limit=many, ttl=5) for n in range(many))
+        )
+    )
+    assert not await leases.acquire("k", "late", limit=many, ttl=5)
+    clock.advance(6)
+    assert await leases.acquire("k", "late", limit=1, ttl=5)
+    assert await leases.holders("k") == ["late"]
+
+
+async def test_a_lease_holder_written_without_its_expiry_entry_still_expires(
+    driver: RedisJobDriver, clock: FrozenClock
+) -> None:
+    """The hash is the record: a holder the expiry index does not know (written by an older
+    driver, or left when the index's key expired first) is indexed again, and expires."""
+    leases = driver.leases
+    assert await leases.acquire("k", "a", limit=2, ttl=5)
+    stale = to_us(clock.now() - timedelta(seconds=1))
+    await driver.client.hset(driver.namespace.key("lease:k"), "old", f"{stale} 0")
+    assert await leases.holders("k") == ["a"]
+    assert await leases.acquire("k", "b", limit=2, ttl=5)
+    await driver.client.delete(driver.namespace.key("leasexp:k"))
+    clock.advance(6)
+    assert await leases.acquire("k", "c", limit=1, ttl=5)
+    assert await leases.holders("k") == ["c"]
+
+
+async def test_calls_that_find_the_scripts_missing_load_them_once(
+    redis_url: str,
+    redis_prefix: str,
+    clock: FrozenClock,
+    new_request: RequestBuilder,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A burst of first calls, or of calls the server answers NOSCRIPT, shares one load."""
+    driver = redis_job_driver(url=redis_url, prefix=redis_prefix, clock=clock)
+    runner = driver.namespace._run
+    loads = 0
+    load_all = runner._load_all
+
+    async def counted() -> None:
+        nonlocal loads
+        loads += 1
+        await load_all()
+
+    monkeypatch.setattr(runner, "_load_all", counted)
+    try:
+        await asyncio.gather(*(driver.stats() for _ in range(50)))
+        assert loads == 1
+        held = scripts.script("stats")
+        variant = f"{held.source}\n-- {new_request().id}"
+        never_loaded = scripts.Script(
+            held.name, variant, scripts.hashlib.sha1(variant.encode()).hexdigest()
+        )
+        monkeypatch.setitem(scripts._SCRIPTS, "stats", never_loaded)
+        await asyncio.gather(*(driver.stats() for _ in range(50)))
+        assert loads == 2
+    finally:
+        await driver.clear()
+        await driver.close()

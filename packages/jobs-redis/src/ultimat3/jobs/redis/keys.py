@@ -25,6 +25,7 @@ key (after the base)              type     holds
 ``taskfires``                     hash     task -> "<occurrence ms> <fired_at>"
 ``watermarks``                    hash     the scheduler's task -> occurrence ms
 ``lease:<key>``, ``leaseorder``   hash     fleet slots: holder -> "<expires> <order>"
+``leasexp:<key>``                 zset     the same holders by expiry
 ``backfill:<run id>``             hash     one ledger row; ``backfills`` (zset) orders them
 ``ev:<id>``                       hash     one event (expires on the server's clock)
 ``evby:<event>``, ``evexpiry``    zset     events by publish time; by expiry, for the purge

@@ -1,8 +1,10 @@
 """Fleet-wide slots on Redis: at most ``limit`` live holders per key, expiring by TTL.
 
-One hash per key (``lease:<key>``), holder -> "<expires> <order>", read and written by
-``lua/lease.lua`` only. Expiry is decided on the driver's clock; the key also carries a server
-TTL an hour past its newest expiry, so a key every holder abandoned frees itself.
+One hash per key (``lease:<key>``), holder -> "<expires> <order>", and the same holders by
+expiry in a sorted set (``leasexp:<key>``), so a call drops the expired ones without reading them
+all; both are read and written by ``lua/lease.lua`` only. Expiry is decided on the driver's clock;
+the keys also carry a server TTL an hour past their newest expiry, so a key every holder
+abandoned frees itself.
 """
 
 from __future__ import annotations
