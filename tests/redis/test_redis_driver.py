@@ -346,3 +346,30 @@ async def test_calls_that_find_the_scripts_missing_load_them_once(
     finally:
         await driver.clear()
         await driver.close()
+
+
+_TIED_IDS = [
+    "b", "a", "ab", "aé", "A", "a-", "aa", "0", "zz", "é", "abcdef", "abcdeg", "abcdefg",
+    "abcdef0", "abcdefghijklm", "abcdefghijkl", "abcdefghijklz", "~", "a\x7f", "a\u0100",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("due_beside", [False, True], ids=["lapsed-only", "with-due-rows"])
+async def test_lapsed_rows_sharing_run_at_are_claimed_in_id_byte_order(
+    driver: RedisJobDriver, clock: FrozenClock, due_beside: bool
+) -> None:
+    """Ties on run_at go by id, in byte order (as Python orders str), however the ids compare:
+    prefixes, lengths across the six-byte steps the claim compares them in, non-ASCII."""
+    at = clock.now()
+    rows = [EnqueueRequest(i, f"run-{i}", "n", "q", None, f"k-{i}", None, 3, at) for i in _TIED_IDS]
+    await driver.enqueue_many(rows)
+    await driver.claim(worker_id="w", slots={"q": len(rows)}, visibility_timeout=5)
+    clock.advance(10)
+    waiting = [f"{i}+" for i in _TIED_IDS[::3]] if due_beside else []
+    await driver.enqueue_many(
+        [EnqueueRequest(i, f"run-{i}", "n", "q", None, f"k-{i}", None, 3, at) for i in waiting]
+    )
+    everything = len(rows) + len(waiting)
+    batch = await driver.claim(worker_id="w2", slots={"q": everything}, visibility_timeout=5)
+    expected = sorted([*_TIED_IDS, *waiting], key=lambda i: i.encode())
+    assert [job.id for job in batch.jobs] == expected

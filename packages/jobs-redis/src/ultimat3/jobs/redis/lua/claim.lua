@@ -34,6 +34,31 @@ local function before(x, y)
   return bytes_lt(x[2], y[2])
 end
 
+-- An id's byte order as numbers, six bytes to a number (each byte + 1, base 257; a missing byte
+-- is 0, so a prefix sorts first): sorting a window whose rows share run_at (an enqueue_many)
+-- compares a few numbers per pair instead of looping over bytes, which took most of its time.
+local function byte_key(id)
+  local bytes, key = {string.byte(id, 1, -1)}, {}
+  for i = 1, #bytes, 6 do
+    local v = 0
+    for k = i, i + 5 do v = v * 257 + (bytes[k] or -1) + 1 end
+    key[#key + 1] = v
+  end
+  return key
+end
+
+local function sooner(x, y)  -- `before`, with each entry's byte_key made when a tie needs it
+  if x[1] ~= y[1] then return x[1] < y[1] end
+  local a, b = x[3], y[3]
+  if not a then a = byte_key(x[2]); x[3] = a end
+  if not b then b = byte_key(y[2]); y[3] = b end
+  for i = 1, math.max(#a, #b) do
+    local p, q = a[i] or 0, b[i] or 0
+    if p ~= q then return p < q end
+  end
+  return false
+end
+
 -- A claimed row is answered as CLAIMED_FIELDS, in this order (codec.read_claimed reads it):
 -- id, run_id, name, queue, input, key, tenant, attempt, max, run_at, created, lease, worker,
 -- claim, by, trace. The fields `load` does not read anyway come in its same call.
@@ -79,14 +104,16 @@ for qi = 0, nq - 1 do
     local i, taken, read, windows = 1, 0, 0, 0
     repeat
       windows = windows + 1
+      -- The window is ordered on run_at alone; a lapsed row is loaded whole only when its turn
+      -- comes. While lapsed rows wait behind older ready ones, every claim reads the window
+      -- again, and loading each row of it made such a claim 50x a plain one.
       local lapsed = {}
       local lapsed_ids = redis.call('ZRANGEBYSCORE', k_lease(q), '-inf', NOW, 'LIMIT', 0, window)
       read = #lapsed_ids
       for _, id in ipairs(lapsed_ids) do
-        local row = load(id, CLAIM_MORE)
-        lapsed[#lapsed + 1] = {tonumber(row.run_at), id, row}
+        lapsed[#lapsed + 1] = {tonumber(redis.call('HGET', k_job(id), 'run_at')), id}
       end
-      table.sort(lapsed, before)
+      table.sort(lapsed, sooner)
       local j = 1
       while taken < free do
         local d, l = nil, lapsed[j]
@@ -94,10 +121,11 @@ for qi = 0, nq - 1 do
         if not d and not l then break end
         if l and (not d or before(l, d)) then
           j = j + 1
-          if l[3].attempt >= l[3].max then
-            bury(l[3])
+          local row = load(l[2], CLAIM_MORE)
+          if row.attempt >= row.max then
+            bury(row)
           else
-            take(l[3])
+            take(row)
             taken = taken + 1
           end
         else
