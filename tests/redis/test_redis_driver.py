@@ -6,7 +6,7 @@ import asyncio
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -23,8 +23,10 @@ from ultimat3.jobs.core import (
     memory_job_driver,
 )
 from ultimat3.jobs.core.constants import MAX_BULK_ROWS
+from ultimat3.jobs.core.counters import bucket_start, rollup
 from ultimat3.jobs.core.cursor import job_cursor
 from ultimat3.jobs.core.errors import DriverUnavailableError, InvariantError
+from ultimat3.jobs.core.model import CounterBucket
 from ultimat3.jobs.redis import RedisJobDriver, redis_job_driver, scripts
 from ultimat3.jobs.redis.cli import driver_from_url
 from ultimat3.jobs.redis.codec import to_us
@@ -373,3 +375,38 @@ async def test_lapsed_rows_sharing_run_at_are_claimed_in_id_byte_order(
     batch = await driver.claim(worker_id="w2", slots={"q": everything}, visibility_timeout=5)
     expected = sorted([*_TIED_IDS, *waiting], key=lambda i: i.encode())
     assert [job.id for job in batch.jobs] == expected
+
+
+async def test_a_counter_rollup_folds_a_long_history_as_the_core_rule_says(
+    driver: RedisJobDriver, clock: FrozenClock
+) -> None:
+    """The rollup decodes only the buckets it folds and those they fold into; what it leaves
+    must be what folding the whole history would."""
+    now = clock.now()
+    history = [
+        CounterBucket(
+            name="n",
+            start=bucket_start(now - timedelta(minutes=minutes), width),
+            width_s=width,
+            done=minutes % 7 + 1,
+            failed=minutes % 3,
+            duration_ms=minutes,
+        )
+        for width, step, span in ((60, 7, 3000), (300, 31, 12000), (3600, 97, 50000))
+        for minutes in range(0, span, step)
+    ]
+    merged: dict[tuple[int, datetime], CounterBucket] = {}
+    for bucket in history:
+        key = (bucket.width_s, bucket.start)
+        merged[key] = merged[key].merged(bucket) if key in merged else bucket
+    fields = {
+        f"{b.width_s}:{int(b.start.timestamp())}:{kind}": str(count)
+        for b in merged.values()
+        for kind, count in (("done", b.done), ("failed", b.failed), ("ms", b.duration_ms))
+        if count
+    }
+    await driver.client.hset(driver.namespace.key("ctr:n"), mapping=fields)
+    await driver.client.sadd(driver.namespace.key("ctrnames"), "n")
+    await driver.introspect.rollup_counters()
+    since = now - timedelta(days=365)
+    assert await driver.introspect.counters("n", since=since) == rollup(merged.values(), now)
