@@ -1,11 +1,12 @@
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
 from ultimat3.jobs.core import FrozenClock
 from ultimat3.jobs.pg import PostgresJobDriver, install, postgres_job_driver
+from ultimat3.jobs.testing.services import Found, start_local_postgres
 
 
 @pytest.fixture
@@ -26,3 +27,18 @@ async def driver(pg_url: str, clock: FrozenClock) -> AsyncIterator[PostgresJobDr
     built = postgres_job_driver(pg_url, clock=clock)
     yield built
     await built.close()
+
+
+@pytest.fixture
+def private_postgres() -> Iterator[Found]:
+    """A cluster of this test's own, started from the local server binaries in a temp dir, so
+    the test may restart it (``.restart()``) without touching the shared server."""
+    try:
+        found = start_local_postgres()
+    except Exception as exc:  # every reason it could not start says what it tried
+        pytest.skip(f"restarting a server needs a cluster of the test's own: {exc}")
+    assert found.stop is not None
+    try:
+        yield found
+    finally:
+        found.stop()

@@ -1,4 +1,5 @@
-"""Faults against the real server: racing claimants, stale settles, connections killed mid-run."""
+"""Faults against the real server: racing claimants, stale settles, connections killed mid-run,
+and a server restarted mid-run (one of the test's own)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ from ultimat3.jobs.core import (
     job_worker,
     new_id,
 )
-from ultimat3.jobs.pg import PostgresJobDriver, postgres_job_driver
+from ultimat3.jobs.pg import PostgresJobDriver, install, postgres_job_driver
+from ultimat3.jobs.testing.services import Found
 
 pytestmark = pytest.mark.pg
 
@@ -159,6 +161,63 @@ async def test_a_worker_loses_nothing_while_its_connections_are_terminated(pg_ur
         assert set(RUNS) == set(range(300))
         stats = await queue_stats(driver, "pg-faults")
         assert (stats.done, stats.dead, stats.failed) == (300, 0, 0)
+    finally:
+        await driver.close()
+
+
+SLOW_RUNS: Counter[int] = Counter()
+
+
+@job(
+    input=Tick,
+    idempotency_key=lambda i: f"pg-restart-tick:{i.n}",
+    tenant="none",
+    queue="pg-restart",
+    retry=Retry(attempts=20, delay=0.01, jitter=False),
+)
+async def pg_restart_tick(*, input: Tick) -> None:
+    SLOW_RUNS[input.n] += 1
+    await asyncio.sleep(0.05)  # long enough that the restart lands mid-run
+
+
+async def test_a_worker_loses_nothing_across_a_server_restart(private_postgres: Found) -> None:
+    """A real restart (fast shutdown, the same data on the same port) while jobs run: the
+    worker rides it out on its pool, and every job is done in the end."""
+    url, restart = private_postgres.url, private_postgres.restart
+    assert url is not None
+    assert restart is not None
+    await install(url)
+    SLOW_RUNS.clear()
+    driver = postgres_job_driver(url)
+    try:
+        await driver.enqueue_many(
+            [pg_restart_tick.request(Tick(n), clock=driver.clock) for n in range(400)]
+        )
+        worker = job_worker(
+            driver=driver,
+            context=lambda: None,
+            jobs=[pg_restart_tick],
+            concurrency=20,
+            visibility_timeout=2,
+        )
+        async with worker:
+
+            async def started(count: int) -> None:
+                while len(SLOW_RUNS) < count:
+                    await asyncio.sleep(0.01)
+
+            await asyncio.wait_for(started(60), PATIENCE_S)
+            await asyncio.to_thread(restart)
+            assert len(SLOW_RUNS) < 400  # the restart landed mid-run
+
+            async def all_done() -> None:
+                while (await queue_stats(driver, "pg-restart")).done < 400:
+                    await asyncio.sleep(0.05)
+
+            await asyncio.wait_for(all_done(), PATIENCE_S)
+        assert set(SLOW_RUNS) == set(range(400))
+        stats = await queue_stats(driver, "pg-restart")
+        assert (stats.done, stats.dead, stats.failed) == (400, 0, 0)
     finally:
         await driver.close()
 

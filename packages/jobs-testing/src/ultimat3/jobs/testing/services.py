@@ -61,6 +61,9 @@ class Found:
     stop: Callable[[], None] | None = None
     """Tears down the server this process started for the URL; None when it was already
     running."""
+    restart: Callable[[], None] | None = None
+    """Restarts the server this process started from local binaries (a fast shutdown, then the
+    same data on the same port); None for any other."""
 
     @property
     def reason(self) -> str:
@@ -274,6 +277,18 @@ def start_local_postgres() -> Found:
     if user is not None:
         shutil.chown(home, user=user)
     data, port = home / "data", _free_port()
+    options = (
+        f"-p {port} -c listen_addresses=127.0.0.1 -c unix_socket_directories={home} "
+        "-c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+    )
+
+    def pg_ctl_run(action: str, *flags: str) -> None:
+        log = str(home / "log")
+        _run(
+            [pg_ctl, "-D", str(data), "-o", options, "-l", log, *flags, action],
+            user,
+            f"pg_ctl {action}",
+        )
 
     def stop() -> None:
         with contextlib.suppress(Exception):
@@ -291,27 +306,7 @@ def start_local_postgres() -> Found:
             user,
             "initdb",
         )
-        options = (
-            f"-p {port} -c listen_addresses=127.0.0.1 -c unix_socket_directories={home} "
-            "-c fsync=off -c synchronous_commit=off -c full_page_writes=off"
-        )
-        _run(
-            [
-                pg_ctl,
-                "-D",
-                str(data),
-                "-o",
-                options,
-                "-l",
-                str(home / "log"),
-                "-w",
-                "-t",
-                "30",
-                "start",
-            ],
-            user,
-            "pg_ctl start",
-        )
+        pg_ctl_run("start", "-w", "-t", "30")
     except _UnavailableError:
         stop()
         raise
@@ -320,7 +315,9 @@ def start_local_postgres() -> Found:
     if failure is not None:
         stop()
         raise _UnavailableError(f"local binaries: the started server does not answer: {failure}")
-    return Found(url, stop=_once(stop))
+    return Found(
+        url, stop=_once(stop), restart=lambda: pg_ctl_run("restart", "-m", "fast", "-w", "-t", "30")
+    )
 
 
 def redis_server_binary() -> str | None:
