@@ -1,4 +1,5 @@
-"""The claim's plan under statistics that mislead the planner."""
+"""Plans that must not read the whole of x_jobs: the claim's under statistics that mislead
+the planner, and a remove's."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pg.plans import scans_run
 from ultimat3.jobs.core import EnqueueRequest, FrozenClock, new_id
 from ultimat3.jobs.pg import PostgresJobDriver
 from ultimat3.jobs.pg.sql_claim import SQL_CLAIM
+from ultimat3.jobs.pg.sql_operator import SQL_JOB_REMOVE
 
 pytestmark = pytest.mark.pg
 
@@ -48,3 +50,19 @@ async def test_a_claim_reads_no_table_for_leases_when_none_lapsed(
     scans = await scans_run(driver.executor, SQL_CLAIM, params, "x_jobs")
     assert scans
     assert all(node != "Seq Scan" for node, _ in scans), scans
+
+
+async def test_removing_a_job_without_steps_reads_no_other_row(
+    driver: PostgresJobDriver, clock: FrozenClock
+) -> None:
+    """Whether another row shares a run is asked of x_jobs without an index: only a run with
+    steps to keep or drop asks it, so removing a step-less job reads its own row and no more."""
+    now = clock.now()
+    requests = [
+        EnqueueRequest(new_id(), new_id(), "n", "q", None, new_id(), None, 3, now)
+        for _ in range(2_000)
+    ]
+    await driver.enqueue_many(requests)
+    scans = await scans_run(driver.executor, SQL_JOB_REMOVE, {"id": requests[0].id}, "x_jobs")
+    assert scans
+    assert all(node != "Seq Scan" and rows <= 1 for node, rows in scans), scans

@@ -27,11 +27,30 @@ removed as (
     where j.id = t.id and t.state <> 'running'
     returning j.id, j.run_id
 ),
+orphaned as (
+    -- The removed row's run, when it has steps and no other row names it. No index covers
+    -- run_id (every row version would pay for one), so "no other row" reads the table: it is
+    -- asked only of a run that has steps (a one-time filter), never of one that has none.
+    select r.run_id
+    from removed r
+    cross join lateral (
+        select count(*) as steps
+        from (select 1 from x_job_steps s where s.run_id = r.run_id limit 1) first_step
+    ) has
+    cross join lateral (
+        select count(*) as others
+        from (
+            select 1 from x_jobs o
+            where has.steps > 0 and o.run_id = r.run_id and o.id <> r.id
+            limit 1
+        ) first_other
+    ) shared
+    where has.steps > 0 and shared.others = 0
+),
 dropped_steps as (
     delete from x_job_steps s
-    using removed r
-    where s.run_id = r.run_id
-      and not exists (select 1 from x_jobs o where o.run_id = r.run_id and o.id <> r.id)
+    using orphaned o
+    where s.run_id = o.run_id
 )
 select state from target
 """

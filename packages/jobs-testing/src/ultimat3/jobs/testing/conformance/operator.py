@@ -73,6 +73,15 @@ class OperatorRules:
         await jobs.enqueue(queue=held.queue, run_id=held.run_id)
         assert (await jobs.claim_one(held.queue)).steps == {}
 
+    async def test_remove_keeps_the_steps_another_row_of_the_run_still_needs(
+        self, jobs: Conformance
+    ) -> None:
+        held = await _with_steps(jobs, ["a"])
+        assert await jobs.ack(held)
+        await jobs.enqueue(queue=held.queue, run_id=held.run_id)
+        assert await jobs.introspect.remove(held.id)
+        assert set((await jobs.claim_one(held.queue)).steps) == {"a"}
+
     async def test_removing_a_live_row_frees_its_key(self, jobs: Conformance) -> None:
         queued = await jobs.enqueue(key="k")
         assert await jobs.introspect.remove(queued.id)
