@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections import Counter
 from datetime import UTC, date, datetime, timedelta
+from itertools import pairwise
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -127,14 +128,30 @@ def test_occurrences_inside_one_gap_collapse_into_one_fire() -> None:
     ]
 
 
-def test_an_hourly_task_skips_the_second_pass_of_the_repeated_hour() -> None:
+def test_an_hourly_task_fires_on_both_passes_of_the_repeated_hour() -> None:
+    """A wildcard in the hour field keeps the pace through the repeated hour (Debian's rule)."""
     start = datetime(2026, 11, 1, 4, 30, tzinfo=UTC)  # 00:30 EDT
     found = fires("0 * * * *", "America/New_York", start, start + timedelta(hours=4))
     assert [local(at, "America/New_York") for at in found] == [
         "2026-11-01T01:00:00-04:00",
-        "2026-11-01T02:00:00-05:00",  # two hours of real time later: 01:00 EST did not fire
+        "2026-11-01T01:00:00-05:00",
+        "2026-11-01T02:00:00-05:00",
         "2026-11-01T03:00:00-05:00",
     ]
+
+
+@pytest.mark.parametrize("tz", ["America/New_York", "Europe/London", "Australia/Lord_Howe"])
+def test_a_quarter_hourly_task_never_pauses_on_the_autumn_switch_day(tz: str) -> None:
+    zone = ZoneInfo(tz)
+    switch = next(  # the 2026 instant the clocks go back
+        at
+        for name, at in TRANSITIONS
+        if name == tz
+        and at.astimezone(zone).utcoffset()
+        < (at - timedelta(minutes=15)).astimezone(zone).utcoffset()
+    )
+    found = fires("*/15 * * * *", tz, switch - timedelta(hours=3), switch + timedelta(hours=3))
+    assert max(b - a for a, b in pairwise(found)) == timedelta(minutes=15)
 
 
 def test_a_task_starting_inside_the_second_pass_waits_for_the_wall_clock_to_move_on() -> None:
@@ -215,14 +232,16 @@ def schedules(draw: st.DrawFn) -> tuple[str, str, set[int], set[int], datetime]:
 
 
 def fires_at(instant: datetime, zone: ZoneInfo, minutes: set[int], hours: set[int]) -> bool:
-    """The rules, read minute by minute: a wall time that shows fires at its first showing; wall
-    times the clocks jumped over fire at the instant of the jump."""
+    """The rules, read minute by minute: a wall time that shows fires at its first showing (at
+    both, when a field is a wildcard); wall times the clocks jumped over fire at the instant of
+    the jump."""
 
     def named(wall: datetime) -> bool:
         return wall.minute in minutes and wall.hour in hours
 
     shown = instant.astimezone(zone)
-    if shown.fold == 0 and named(shown.replace(tzinfo=None)):
+    keeps_pace = len(minutes) == 60 or len(hours) == 24  # a "*" in the minute or hour field
+    if (shown.fold == 0 or keeps_pace) and named(shown.replace(tzinfo=None)):
         return True
     before = (instant - timedelta(minutes=1)).astimezone(zone).replace(tzinfo=None)
     wall, skipped = shown.replace(tzinfo=None), before + timedelta(minutes=1)

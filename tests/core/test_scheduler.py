@@ -28,6 +28,7 @@ from ultimat3.jobs.core import (
     task,
 )
 from ultimat3.jobs.core import scheduler as scheduler_module
+from ultimat3.jobs.core.clock import Clock
 from ultimat3.jobs.core.cron import instant_of, occurrence_ms
 from ultimat3.jobs.core.memory import MemoryJobDriver, MemorySchedulerState
 
@@ -261,7 +262,7 @@ class CountingLeader:
         self.answers = answers
         self.asked: list[datetime] = []
         self.released = 0
-        self.clock: FrozenClock | None = None
+        self.clock: Clock | None = None
 
     async def acquire(self) -> bool:
         assert self.clock is not None
@@ -533,3 +534,33 @@ async def test_one_round_after_downtime_fires_what_its_catch_up_mode_promises(
     assert fires == expected
     assert await fired(driver) == expected
     assert marks[the_task.name] == occurrence_ms(mark)
+
+
+class NodeClock:
+    """A node's wall clock, which an operator (or NTP) may step back."""
+
+    def __init__(self, at: datetime) -> None:
+        self.at = at
+
+    def now(self) -> datetime:
+        return self.at
+
+    async def sleep(self, seconds: float) -> None:
+        self.at += timedelta(seconds=seconds)
+
+
+async def test_a_clock_set_back_does_not_stop_the_leader_renewing(
+    driver: MemoryJobDriver,
+) -> None:
+    """Renewal is what tells a leader it was demoted: a node whose clock went back half an hour
+    must not wait half an hour of its new clock before asking again."""
+    clock = NodeClock(START)
+    leader = CountingLeader([True])
+    leader.clock = clock
+    scheduler = job_scheduler(driver=driver, leader=leader, tasks=[hourly()], clock=clock)
+    await scheduler.run_once()
+    clock.at = START - timedelta(minutes=30)
+    await scheduler.run_once()
+    clock.at += timedelta(seconds=10)
+    await scheduler.run_once()
+    assert [(at - START).total_seconds() for at in leader.asked] == [0, -1800, -1790]

@@ -20,7 +20,9 @@ async def send_digest_for_tasks(*, input: Day) -> None:
     return None
 
 
-@pytest.mark.parametrize("tz", ["Bogota", "", "UTC+5", "Mars/Olympus"])
+@pytest.mark.parametrize(
+    "tz", ["Bogota", "", "UTC+5", "Mars/Olympus", "localtime", "Factory", "posixrules"]
+)
 def test_a_tz_that_is_not_an_iana_zone_is_refused(tz: str) -> None:
     with pytest.raises(JobDeclarationInvalidError, match="tz"):
         task(cron="0 3 * * *", tz=tz, enqueue=list)
@@ -29,6 +31,29 @@ def test_a_tz_that_is_not_an_iana_zone_is_refused(tz: str) -> None:
 def test_a_malformed_cron_is_refused() -> None:
     with pytest.raises(JobDeclarationInvalidError, match="cron"):
         task(cron="every night", tz="UTC", enqueue=list)
+
+
+@pytest.mark.parametrize("cron", ["0 0 30 2 *", "0 0 31 4 *", "0 0 31 2,4,6 *"])
+def test_a_cron_naming_a_date_that_never_comes_is_refused_where_it_is_declared(
+    cron: str,
+) -> None:
+    """It parses, and would stop the scheduler's every round when it looked for the next fire."""
+    with pytest.raises(JobDeclarationInvalidError, match="never comes"):
+        task(cron=cron, tz="UTC", enqueue=list)
+
+
+@pytest.mark.parametrize("cron", ["0 3 * * * *", "*/10 * * * * *", "0 0 3 * * * 2027"])
+def test_a_cron_with_more_than_five_fields_is_refused(cron: str) -> None:
+    """One parser reads a sixth field as seconds, another as years."""
+    with pytest.raises(JobDeclarationInvalidError, match="five fields"):
+        task(cron=cron, tz="UTC", enqueue=list)
+
+
+@pytest.mark.parametrize(
+    "cron", ["0 0 29 2 *", "0 0 31 1,2 *", "0 0 L * *", "@hourly", "5 4 * * 5#2"]
+)
+def test_unusual_but_real_dates_are_accepted(cron: str) -> None:
+    assert task(cron=cron, tz="UTC", enqueue=list).cron == cron
 
 
 def test_catch_up_and_max_catch_up_are_checked() -> None:

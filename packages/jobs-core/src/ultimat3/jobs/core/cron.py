@@ -9,12 +9,15 @@ instant:
 the wall time exists once               that instant
 the wall time falls in the spring gap   the first instant after the gap — the moment the
 (it never shows on the clock)           clocks jump (as Debian's cron runs it)
-the wall time shows twice (autumn)      its first instance only
+the wall time shows twice (autumn)      its first instance only — unless the expression
+                                        has a ``*`` in its minute or hour field: then both
 ======================================  ================================================
 
 so a daily task fires exactly once per local day, and several wall times inside one gap collapse
-into the one instant after it. Croniter iterates the wall times (naive datetimes, so it applies no
-DST logic of its own); the mapping to instants is ours.
+into the one instant after it. The exception is Debian's too: a schedule written with a wildcard
+in its minute or hour (every minute, every quarter hour, hourly) keeps its pace through the
+repeated hour instead of falling silent for it. Croniter iterates the wall times (naive
+datetimes, so it applies no DST logic of its own); the mapping to instants is ours.
 
 ``latest_occurrence`` finds the last occurrence before an instant by bisection over the gap (about
 25 cron evaluations for three hours, 35 for a year), which is what a ``skip`` catch-up fires.
@@ -34,13 +37,19 @@ __all__ = ["instant_of", "latest_occurrence", "next_occurrence", "occurrence_ms"
 _MS = timedelta(milliseconds=1)
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_REPEAT_MAX = timedelta(hours=3)
+"""Longer than any autumn shift of a zone's clocks (an hour nearly everywhere)."""
+
+
 def occurrence_ms(instant: datetime) -> int:
-    """An occurrence's identity: epoch milliseconds, as rows and watermarks carry it."""
-    return math.floor(utc(instant).timestamp() * 1000)
+    """An occurrence's identity: epoch milliseconds, as rows and watermarks carry it (integer
+    arithmetic: a float timestamp rounds some instants a millisecond short)."""
+    return (utc(instant) - _EPOCH) // _MS
 
 
 def instant_of(occurrence: int) -> datetime:
-    return datetime.fromtimestamp(occurrence / 1000, UTC)
+    return _EPOCH + occurrence * _MS
 
 
 def next_occurrence(cron: str, zone: ZoneInfo, after: datetime) -> datetime:
@@ -52,7 +61,43 @@ def next_occurrence(cron: str, zone: ZoneInfo, after: datetime) -> datetime:
     while True:
         instant = _instant(walls.get_next(datetime), zone)
         if instant > after:
-            return instant
+            break
+    if _keeps_pace(cron) and _clocks_go_back(zone, after - _REPEAT_MAX, instant):
+        return _second_pass(cron, zone, after, instant) or instant
+    return instant
+
+
+def _keeps_pace(cron: str) -> bool:
+    """Whether the schedule fires on both passes of a repeated hour: a ``*`` in its minute or
+    hour field (``@hourly`` among the macros)."""
+    if cron.startswith("@"):
+        return cron.strip() == "@hourly"
+    minute, hour = cron.split()[:2]
+    return "*" in minute or "*" in hour
+
+
+def _clocks_go_back(zone: ZoneInfo, start: datetime, end: datetime) -> bool:
+    """Whether ``zone``'s clocks are set back between the two instants (so wall times repeat)."""
+    before, after = start.astimezone(zone).utcoffset(), end.astimezone(zone).utcoffset()
+    assert before is not None  # an aware datetime in a ZoneInfo always has one
+    assert after is not None
+    return after < before
+
+
+def _second_pass(cron: str, zone: ZoneInfo, after: datetime, bound: datetime) -> datetime | None:
+    """The earliest second instance of a repeated wall time ``cron`` names, after ``after`` and
+    before ``bound`` (the first-pass occurrence), or None."""
+    start = (after - _REPEAT_MAX).astimezone(zone).replace(tzinfo=None)
+    walls = croniter_module().croniter(cron, start)
+    while True:
+        wall: datetime = walls.get_next(datetime)
+        first = wall.replace(tzinfo=zone, fold=0).astimezone(UTC)
+        if first >= bound:
+            return None
+        second = wall.replace(tzinfo=zone, fold=1).astimezone(UTC)
+        repeated = second != first and second.astimezone(zone).replace(tzinfo=None) == wall
+        if repeated and after < second < bound:
+            return second
 
 
 def latest_occurrence(

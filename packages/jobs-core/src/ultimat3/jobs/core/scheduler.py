@@ -64,6 +64,16 @@ LEADER_RENEW_S = 10.0
 ROLLUP_INTERVAL_S = 60.0
 
 
+_ROLLUP_INTERVAL = timedelta(seconds=ROLLUP_INTERVAL_S)
+
+
+def _not_yet(now: datetime, due: datetime | None, interval: timedelta) -> bool:
+    """Whether ``now`` falls inside the interval that ends at ``due``. A clock set back lands
+    before it and counts as due: waiting for the old deadline would stop a leader renewing (or
+    rolling up) for as long as the clock went back, while it still believed it led."""
+    return due is not None and due - interval <= now < due
+
+
 def next_task_run(task: AnyTaskHandle, from_: datetime) -> datetime:
     """When ``task`` next fires after ``from_``: the scheduler's own resolver, no scheduler
     needed."""
@@ -240,7 +250,7 @@ class JobScheduler:
         return fires
 
     async def _lead(self, now: datetime) -> bool:
-        if self._next_leader_check is not None and now < self._next_leader_check:
+        if _not_yet(now, self._next_leader_check, self._renew_every):
             return self._leading
         try:
             leading = await self._leader.acquire()
@@ -258,9 +268,9 @@ class JobScheduler:
 
     async def _rollup(self, now: datetime) -> None:
         introspect = self._driver.introspect
-        if introspect is None or (self._next_rollup is not None and now < self._next_rollup):
+        if introspect is None or _not_yet(now, self._next_rollup, _ROLLUP_INTERVAL):
             return
-        self._next_rollup = now + timedelta(seconds=ROLLUP_INTERVAL_S)
+        self._next_rollup = now + _ROLLUP_INTERVAL
         try:
             await introspect.rollup_counters()
         except Exception as exc:

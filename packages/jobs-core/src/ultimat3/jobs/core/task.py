@@ -11,6 +11,7 @@ import inspect
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Literal, TypeAlias, overload
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -137,14 +138,39 @@ class TaskHandle(registry.Declared):
 AnyTaskHandle: TypeAlias = TaskHandle
 
 
+_HOST_ZONES = frozenset({"localtime", "Factory", "posixrules"})
+"""Names in the zone database that stand for a host's own setting or for none: two hosts would
+compute different instants, and so different occurrences, for one task."""
+
+
 def _check_cron(cron: Any) -> str:
     if not isinstance(cron, str) or not cron.strip():
         raise JobDeclarationInvalidError("cron must be a non-empty string", meta={"field": "cron"})
-    if not croniter_module().croniter.is_valid(cron):
+    if not cron.startswith("@") and len(cron.split()) != 5:
+        raise JobDeclarationInvalidError(
+            f"cron {cron!r} must have five fields: minute hour day-of-month month weekday "
+            "(a sixth field would be read as seconds by one parser and years by another)",
+            meta={"field": "cron"},
+        )
+    croniter = croniter_module()
+    if not croniter.croniter.is_valid(cron):
         raise JobDeclarationInvalidError(
             f"cron {cron!r} is not a valid cron expression", meta={"field": "cron"}
         )
+    if not croniter.croniter.is_valid(cron, strict=True) or not _ever_comes(croniter, cron):
+        raise JobDeclarationInvalidError(
+            f"cron {cron!r} names a date that never comes", meta={"field": "cron"}
+        )
     return cron
+
+
+def _ever_comes(croniter: Any, cron: str) -> bool:
+    """Whether a valid expression names a date at all (30 February parses, and never comes)."""
+    try:
+        croniter.croniter(cron, datetime(2000, 1, 1)).get_next(datetime)
+    except croniter.CroniterBadDateError:
+        return False
+    return True
 
 
 def _check_tz(tz: Any) -> str:
@@ -154,6 +180,8 @@ def _check_tz(tz: Any) -> str:
             meta={"field": "tz"},
         )
     try:
+        if tz in _HOST_ZONES:
+            raise ValueError(f"{tz!r} names no zone of its own")
         ZoneInfo(tz)
     except (ZoneInfoNotFoundError, ValueError) as exc:
         raise JobDeclarationInvalidError(
