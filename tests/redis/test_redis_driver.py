@@ -298,6 +298,34 @@ async def test_expired_lease_holders_go_however_many_expire_at_once(
     assert await leases.holders("k") == ["late"]
 
 
+async def test_a_lease_renewed_in_the_hash_alone_is_kept_until_the_hash_says_it_expired(
+    driver: RedisJobDriver, clock: FrozenClock
+) -> None:
+    """An older driver renews a holder in the hash and leaves the expiry index as it was: the
+    index only names candidates, and the hash decides, so the limit still holds."""
+    leases = driver.leases
+    assert await leases.acquire("k", "a", limit=1, ttl=5)
+    later = to_us(clock.now() + timedelta(seconds=9))
+    lease_key = driver.namespace.key("lease:k")
+    order = (await driver.client.hget(lease_key, "a")).split()[1]
+    await driver.client.hset(lease_key, "a", f"{later} {order}")
+    clock.advance(6)
+    assert not await leases.acquire("k", "b", limit=1, ttl=5)
+    assert await leases.holders("k") == ["a"]
+    clock.advance(4)
+    assert await leases.acquire("k", "b", limit=1, ttl=5)
+
+
+async def test_a_rebuilt_lease_index_expires_with_its_hash(
+    driver: RedisJobDriver, clock: FrozenClock
+) -> None:
+    leases = driver.leases
+    assert await leases.acquire("k", "a", limit=2, ttl=5)
+    await driver.client.delete(driver.namespace.key("leasexp:k"))
+    assert await leases.holders("k") == ["a"]  # rebuilds the index, then answers
+    assert await driver.client.pttl(driver.namespace.key("leasexp:k")) > 0
+
+
 async def test_a_lease_holder_written_without_its_expiry_entry_still_expires(
     driver: RedisJobDriver, clock: FrozenClock
 ) -> None:
@@ -353,6 +381,7 @@ async def test_calls_that_find_the_scripts_missing_load_them_once(
 _TIED_IDS = [
     "b", "a", "ab", "aé", "A", "a-", "aa", "0", "zz", "é", "abcdef", "abcdeg", "abcdefg",
     "abcdef0", "abcdefghijklm", "abcdefghijkl", "abcdefghijklz", "~", "a\x7f", "a\u0100",
+    "x" * 9000, "x" * 8999 + "y",  # longer than one Lua unpack() can spread
 ]  # fmt: skip
 
 
@@ -410,3 +439,34 @@ async def test_a_counter_rollup_folds_a_long_history_as_the_core_rule_says(
     await driver.introspect.rollup_counters()
     since = now - timedelta(days=365)
     assert await driver.introspect.counters("n", since=since) == rollup(merged.values(), now)
+
+
+async def test_a_call_refused_noscript_joins_only_a_load_started_after_it_sent(
+    redis_url: str, redis_prefix: str, clock: FrozenClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A load that began before a call's command went out may have run its SCRIPT LOADs before
+    the cache loss that refused the call: that call starts a load of its own."""
+    driver = redis_job_driver(url=redis_url, prefix=redis_prefix, clock=clock)
+    runner = driver.namespace._run
+    gate, started = asyncio.Event(), 0
+
+    async def slow_load() -> None:
+        nonlocal started
+        started += 1
+        await gate.wait()
+
+    monkeypatch.setattr(runner, "_load_all", slow_load)
+    try:
+        first = asyncio.create_task(runner.load())  # load 1, in flight
+        joined = asyncio.create_task(runner.load(started_after=0))  # sent before load 1 began
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert started == 1
+        fresh = asyncio.create_task(runner.load(started_after=1))  # sent after: a load of its own
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert started == 2
+        gate.set()
+        await asyncio.gather(first, joined, fresh)
+    finally:
+        await driver.close()

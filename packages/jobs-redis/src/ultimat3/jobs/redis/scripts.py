@@ -171,14 +171,23 @@ class ScriptRunner:
         self._wire = Wire(client, timeout=command_timeout) if type(client) is Redis else None
         self._loaded = False
         self._loading: asyncio.Task[None] | None = None
-        """The load in flight, which every call that finds the scripts missing meanwhile waits
-        for: a burst of first calls, or of calls a restarted server answered NOSCRIPT, loads
-        the scripts once, not once per call (9,000 concurrent first calls took 12 s)."""
+        """The latest load, which every call that finds the scripts missing meanwhile waits for:
+        a burst of first calls, or of calls a restarted server answered NOSCRIPT, loads the
+        scripts once, not once per call (9,000 concurrent first calls took 12 s)."""
+        self._loads = 0
+        """How many loads have started: a call refused NOSCRIPT joins only a load that started
+        after it sent its command, whose SCRIPT LOADs the server ran after that refusal."""
 
-    async def load(self) -> None:
-        if self._loading is None or self._loading.done():
-            self._loading = asyncio.get_running_loop().create_task(self._load_all())
-        await asyncio.shield(self._loading)
+    async def load(self, *, started_after: int = -1) -> None:
+        """Load every script, or wait for the load in flight when it started after the
+        ``started_after``-th."""
+        loading = self._loading
+        if loading is None or loading.done() or self._loads <= started_after:
+            self._loads += 1
+            loading = self._loading = asyncio.get_running_loop().create_task(self._load_all())
+            # Its failure reaches every caller waiting; one all of them gave up on is read here.
+            loading.add_done_callback(lambda task: task.cancelled() or task.exception())
+        await asyncio.shield(loading)
 
     async def _load_all(self) -> None:
         scripts = _SCRIPTS.values()
@@ -200,11 +209,12 @@ class ScriptRunner:
         loaded = _SCRIPTS[name]
         if not self._loaded:
             await self.load()
+        sent_after = self._loads
         try:
             return await self._evalsha(loaded, keys, args)
         except NoScriptError:
             log_event(logging.INFO, "jobs.redis.scripts-reloaded", script=name)
-            await self.load()
+            await self.load(started_after=sent_after)
             return await self._evalsha(loaded, keys, args)
 
     async def _evalsha(self, loaded: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:

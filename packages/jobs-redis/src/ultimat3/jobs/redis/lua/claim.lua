@@ -38,10 +38,10 @@ end
 -- is 0, so a prefix sorts first): sorting a window whose rows share run_at (an enqueue_many)
 -- compares a few numbers per pair instead of looping over bytes, which took most of its time.
 local function byte_key(id)
-  local bytes, key = {string.byte(id, 1, -1)}, {}
-  for i = 1, #bytes, 6 do
-    local v = 0
-    for k = i, i + 5 do v = v * 257 + (bytes[k] or -1) + 1 end
+  local key = {}
+  for i = 1, #id, 6 do
+    local bytes, v = {string.byte(id, i, i + 5)}, 0  -- six at a time: unpack-sized for any id
+    for k = 1, 6 do v = v * 257 + (bytes[k] or -1) + 1 end
     key[#key + 1] = v
   end
   return key

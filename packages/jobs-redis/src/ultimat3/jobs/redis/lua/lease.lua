@@ -9,20 +9,27 @@
 -- holders as {holder, order, ...}. Expired holders are dropped first, whatever the action.
 local action, key, holder = ARGV[4], B .. 'lease:' .. ARGV[5], ARGV[6]
 local expiries = B .. 'leasexp:' .. ARGV[5]
+local function expiry_of(entry) return tonumber(string.match(entry, '^(%d+) ')) end
 if redis.call('ZCARD', expiries) ~= redis.call('HLEN', key) then
   -- The two disagree (a hash written without its sorted set, or one key expired before the
-  -- other): rebuild the sorted set from the hash, which is the record.
+  -- other): rebuild the sorted set from the hash, which is the record, with the hash's TTL.
   redis.call('DEL', expiries)
   local held = redis.call('HGETALL', key)
-  for i = 1, #held, 2 do
-    redis.call('ZADD', expiries, string.match(held[i + 1], '^(%d+) '), held[i])
+  for i = 1, #held, 2 do redis.call('ZADD', expiries, expiry_of(held[i + 1]), held[i]) end
+  local ttl = redis.call('PTTL', key)
+  if ttl > 0 then redis.call('PEXPIRE', expiries, ttl) end
+end
+-- The sorted set names the holders that may have expired; the hash decides. A holder renewed
+-- by a writer that kept only the hash (an older driver) still runs: its score is moved on.
+for _, gone in ipairs(redis.call('ZRANGEBYSCORE', expiries, '-inf', NOW)) do
+  local entry = redis.call('HGET', key, gone)
+  if entry and expiry_of(entry) > NOW_N then
+    redis.call('ZADD', expiries, expiry_of(entry), gone)
+  else
+    redis.call('HDEL', key, gone)
+    redis.call('ZREM', expiries, gone)
   end
 end
-local expired = redis.call('ZRANGEBYSCORE', expiries, '-inf', NOW)
-for i = 1, #expired, 1000 do  -- in chunks: unpack has a ceiling on how much it spreads
-  redis.call('HDEL', key, unpack(expired, i, math.min(i + 999, #expired)))
-end
-redis.call('ZREMRANGEBYSCORE', expiries, '-inf', NOW)
 if action == 'holders' then
   local out = {}
   local live = redis.call('HGETALL', key)
