@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 import psycopg
@@ -16,6 +16,7 @@ from ultimat3.jobs.core import (
     AckOptions,
     EnqueueRequest,
     FrozenClock,
+    JobHandle,
     QueueStats,
     Retry,
     job,
@@ -133,36 +134,12 @@ async def pg_fault_tick(*, input: Tick) -> None:
 
 
 async def test_a_worker_loses_nothing_while_its_connections_are_terminated(pg_url: str) -> None:
-    RUNS.clear()
-    driver = postgres_job_driver(pg_url)
-    try:
-        await driver.enqueue_many(
-            [pg_fault_tick.request(Tick(n), clock=driver.clock) for n in range(300)]
-        )
-        # A settle cut off mid-statement may or may not have landed, so it is not sent again:
-        # its row is delivered again once its (short) lease lapses.
-        worker = job_worker(
-            driver=driver,
-            context=lambda: None,
-            jobs=[pg_fault_tick],
-            concurrency=20,
-            visibility_timeout=2,
-        )
-        async with worker:
-            for _ in range(3):
-                await asyncio.sleep(0.05)
-                await terminate_other_backends(pg_url)
+    async def terminate_three_times() -> None:
+        for _ in range(3):
+            await asyncio.sleep(0.05)
+            await terminate_other_backends(pg_url)
 
-            async def all_done() -> None:
-                while (await queue_stats(driver, "pg-faults")).done < 300:
-                    await asyncio.sleep(0.05)
-
-            await asyncio.wait_for(all_done(), PATIENCE_S)
-        assert set(RUNS) == set(range(300))
-        stats = await queue_stats(driver, "pg-faults")
-        assert (stats.done, stats.dead, stats.failed) == (300, 0, 0)
-    finally:
-        await driver.close()
+    await loses_nothing(pg_url, pg_fault_tick, RUNS, 300, terminate_three_times)
 
 
 SLOW_RUNS: Counter[int] = Counter()
@@ -187,37 +164,46 @@ async def test_a_worker_loses_nothing_across_a_server_restart(private_postgres: 
     assert url is not None
     assert restart is not None
     await install(url)
-    SLOW_RUNS.clear()
+
+    async def restart_mid_run() -> None:
+        while len(SLOW_RUNS) < 60:
+            await asyncio.sleep(0.01)
+        await asyncio.to_thread(restart)
+        assert len(SLOW_RUNS) < 400  # the restart landed mid-run
+
+    await loses_nothing(url, pg_restart_tick, SLOW_RUNS, 400, restart_mid_run)
+
+
+async def loses_nothing(
+    url: str,
+    handle: JobHandle[Tick, None],
+    runs: Counter[int],
+    count: int,
+    fault: Callable[[], Awaitable[None]],
+) -> None:
+    """``count`` jobs of ``handle`` through one worker while ``fault`` strikes: every one runs,
+    and every row ends done. A settle cut off mid-statement may or may not have landed, so it
+    is not sent again: its row is delivered again once its (short) lease lapses."""
+    runs.clear()
     driver = postgres_job_driver(url)
     try:
         await driver.enqueue_many(
-            [pg_restart_tick.request(Tick(n), clock=driver.clock) for n in range(400)]
+            [handle.request(Tick(n), clock=driver.clock) for n in range(count)]
         )
         worker = job_worker(
-            driver=driver,
-            context=lambda: None,
-            jobs=[pg_restart_tick],
-            concurrency=20,
-            visibility_timeout=2,
+            driver=driver, context=lambda: None, jobs=[handle], concurrency=20, visibility_timeout=2
         )
         async with worker:
-
-            async def started(count: int) -> None:
-                while len(SLOW_RUNS) < count:
-                    await asyncio.sleep(0.01)
-
-            await asyncio.wait_for(started(60), PATIENCE_S)
-            await asyncio.to_thread(restart)
-            assert len(SLOW_RUNS) < 400  # the restart landed mid-run
+            await asyncio.wait_for(fault(), PATIENCE_S)
 
             async def all_done() -> None:
-                while (await queue_stats(driver, "pg-restart")).done < 400:
+                while (await queue_stats(driver, handle.queue)).done < count:
                     await asyncio.sleep(0.05)
 
             await asyncio.wait_for(all_done(), PATIENCE_S)
-        assert set(SLOW_RUNS) == set(range(400))
-        stats = await queue_stats(driver, "pg-restart")
-        assert (stats.done, stats.dead, stats.failed) == (400, 0, 0)
+        assert set(runs) == set(range(count))
+        stats = await queue_stats(driver, handle.queue)
+        assert (stats.done, stats.dead, stats.failed) == (count, 0, 0)
     finally:
         await driver.close()
 
