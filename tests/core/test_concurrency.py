@@ -121,6 +121,35 @@ async def test_a_keyed_cap_under_wait_runs_one_per_key_and_keys_in_parallel(
     assert [row.state for row in await rows(driver)] == [JobState.DONE] * 4
 
 
+async def test_a_run_gives_its_key_back_when_its_body_ends_not_after_its_settle(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    """Runs of one key one after another never overlap, so under ``fail`` none is refused, however
+    long the previous run's settle and ``on_settled`` hook take: the key goes back with the body,
+    before the worker slot whose ring brings the next claim."""
+    hooks, ran = asyncio.Event(), []
+
+    async def slow_hook(settled: Any) -> None:
+        await hooks.wait()  # every hook still running while the next run is claimed
+
+    async def body(*, input: Sync) -> None:
+        ran.append(input.n)
+
+    handle = sync_job(body, concurrency=keyed("fail"), on_settled=slow_hook)
+    worker = job_worker(
+        driver=driver, context=lambda: None, jobs=[handle], concurrency=1, clock=clock
+    )
+    async with worker:
+        try:
+            for n in range(3):
+                await handle.enqueue(Sync("a", n))
+            await until(lambda: len(ran) == 3)
+        finally:
+            hooks.set()
+    assert (ran, worker.stats.refused) == ([0, 1, 2], 0)
+    assert [row.state for row in await rows(driver)] == [JobState.DONE] * 3
+
+
 async def test_a_keyed_cap_under_fail_refuses_a_run_another_run_holds_the_key_for(
     driver: MemoryJobDriver, clock: FrozenClock
 ) -> None:

@@ -25,7 +25,7 @@ import inspect
 import logging
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal
@@ -168,15 +168,16 @@ async def execute_job(
     signal: AbortSignal | None = None,
     events: EventBus | None = None,
     clock: Clock | None = None,
-    on_body_done: Callable[[], None] | None = None,
+    on_body_done: Callable[[], Awaitable[None] | None] | None = None,
 ) -> JobExecution:
     """Run one claimed attempt to its settle.
 
     ``signal`` is the worker's: it fires ``X_DRAINING`` on a drain and ``X_JOB_LEASE_LOST`` when
     renewals stop landing or the row was cancelled. Cancelling this coroutine from outside
     settles nothing — exactly as if the worker had died. ``on_body_done`` is called once the body
-    has ended and before the settle is sent: a worker frees the run's slot there, so the next
-    claim overlaps the settles still on their way.
+    has ended and before the settle is sent (and awaited when it answers an awaitable): a worker
+    gives back the run's fleet slot and then its worker slot there, so the next claim overlaps
+    the settles still on their way and finds the key free.
     """
     clock = clock or driver.clock
     handle = handle or job_named(claimed.name)
@@ -230,7 +231,9 @@ async def execute_job(
         execution.progress = reporter.latest
     execution.duration_ms = int((time.monotonic() - started) * 1000)
     if on_body_done is not None:
-        on_body_done()
+        done = on_body_done()
+        if done is not None:
+            await done
 
     if ending.kind == "completed":
         execution.result = ending.result

@@ -42,7 +42,7 @@ import itertools
 import logging
 import os
 import socket
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from types import TracebackType
@@ -683,6 +683,27 @@ class JobWorker:
             del self._runs[claimed.id, claimed.claim.claim]
             self._free_slot(run, ring=ran)
 
+    def _body_done(self, run: _Run) -> Awaitable[None] | None:
+        """The body ended: the run gives back its fleet slot, then its worker slot, whose ring
+        brings the next claim. In that order: a run that no longer runs holds no key, and the
+        next run of the key, claimed at once, must not find it held by the settle and the
+        ``on_settled`` hook still on their way (``when_busy='fail'`` refused it)."""
+        if run.held is None:
+            self._free_slot(run)
+            return None
+        return self._release_fleet_slot(run)
+
+    async def _release_fleet_slot(self, run: _Run) -> None:
+        held, run.held = run.held, None
+        assert held is not None
+        if run.slot is not None:
+            self._renewals.drop(run.slot)
+            run.slot = None
+        try:
+            await self._fleet.release(held)
+        finally:
+            self._free_slot(run)
+
     def _free_slot(self, run: _Run, *, ring: bool = True) -> None:
         """Give the run's worker slot back, once. A handed-back run rings nothing: a pass now
         would only claim it again."""
@@ -755,7 +776,7 @@ class JobWorker:
                 signal=run.controller.signal,
                 events=self._events,
                 clock=self._clock,
-                on_body_done=lambda: self._free_slot(run),
+                on_body_done=lambda: self._body_done(run),
             )
         self._record(run.claimed.queue, execution)
 
