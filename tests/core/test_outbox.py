@@ -157,6 +157,24 @@ async def test_a_claimed_row_is_nobody_elses_until_its_lease_lapses(
     assert [r.claimed_by for r in await store.claim(claimant="r2", limit=10, lease=30)] == ["r2"]
 
 
+async def test_rows_staged_after_another_relays_live_batch_wait_for_it(
+    store: MemoryOutboxStore, clock: FrozenClock
+) -> None:
+    """create_invoice then charge_card: while one relay holds the invoice (publishing it, or
+    stuck after a failed publish it could not hand back), no relay takes the charge."""
+    invoice, charge = request(1), request(2)
+    await store.stage(invoice)
+    clock.advance(0.001)
+    await store.stage(charge)
+    assert [r.request.id for r in await store.claim(claimant="r1", limit=1, lease=30)] == [
+        invoice.id
+    ]
+    assert await store.claim(claimant="r2", limit=10, lease=30) == []
+    clock.advance(31)  # r1's claim lapsed: the invoice goes first again
+    taken = await store.claim(claimant="r2", limit=10, lease=30)
+    assert [r.request.id for r in taken] == [invoice.id, charge.id]
+
+
 async def test_release_and_mark_published_move_only_the_claimants_rows(
     store: MemoryOutboxStore, clock: FrozenClock
 ) -> None:

@@ -3,6 +3,7 @@ commit, and the published rows it keeps as an audit trail."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
@@ -311,3 +312,40 @@ async def test_a_claim_stamps_its_batch_by_id_whatever_the_statistics_say(
     claim = {"claimant": "r2", "now": clock.now(), "lapsed_before": clock.now(), "limit": 10}
     plan = await plan_of(driver.executor, SQL_OUTBOX_CLAIM, claim, generic=True)
     assert "Seq Scan on x_outbox" not in plan, plan
+
+
+async def test_rows_staged_after_another_relays_live_batch_wait_for_it(
+    store: PostgresOutboxStore, app: AsyncConnection[Any], clock: FrozenClock
+) -> None:
+    invoice = request(clock)
+    clock.advance(0.001)
+    charge = request(clock)
+    async with jobs_transaction(app):
+        await store.stage(invoice)
+        await store.stage(charge)
+    taken = await store.claim(claimant="r1", limit=1, lease=30)
+    assert [record.request.id for record in taken] == [invoice.id]
+    assert await store.claim(claimant="r2", limit=10, lease=30) == []
+    clock.advance(31)
+    taken = await store.claim(claimant="r2", limit=10, lease=30)
+    assert [record.request.id for record in taken] == [invoice.id, charge.id]
+
+
+async def test_claims_made_at_once_take_turns_and_never_split_the_order(
+    driver: PostgresJobDriver,
+    store: PostgresOutboxStore,
+    app: AsyncConnection[Any],
+    clock: FrozenClock,
+) -> None:
+    """Two claims at the same instant would each see no batch of the other's: they take turns,
+    so one takes the head of the outbox and every other finds it fenced."""
+    async with jobs_transaction(app):
+        for _ in range(50):
+            await store.stage(request(clock))
+            clock.advance(0.001)
+    # The pool opens its connections first, so the claims below do run at once.
+    await asyncio.gather(*(driver.executor.fetch("select pg_sleep(0.05)") for _ in range(8)))
+    batches = await asyncio.gather(
+        *(store.claim(claimant=f"r{n}", limit=5, lease=30) for n in range(8))
+    )
+    assert sorted(len(batch) for batch in batches) == [0] * 7 + [5]

@@ -14,7 +14,9 @@ followed by a crash before the enqueue loses the job. With it:
   publish made (an id that already names a row inserts nothing). Release and mark-published are
   fenced on the claimant, so a relay that stalls past its lease retires and releases nothing
   another relay re-claimed. A publish that fails stops the batch — later rows never overtake it —
-  and hands it back at once.
+  and hands it back at once. No claim takes a row staged after a batch another relay still holds
+  (publishing it, or stuck with it until its lease lapses): relays take the outbox in turn, in
+  staged order.
 
 Handlers stay at-least-once (a lapsed visibility lease re-delivers), so write them idempotent.
 """

@@ -31,6 +31,7 @@ from .executor import PgTarget, pg_executor
 from .rows import dump_json, utc, utc_or_none
 from .sql_outbox import (
     SQL_OUTBOX_CLAIM,
+    SQL_OUTBOX_CLAIM_TURN,
     SQL_OUTBOX_MARK_PUBLISHED,
     SQL_OUTBOX_PURGE,
     SQL_OUTBOX_RELEASE,
@@ -75,14 +76,14 @@ class PostgresOutboxStore:
 
     async def claim(self, *, claimant: str, limit: int, lease: float) -> list[OutboxRecord]:
         now = self._clock.now()
-        rows = await self._executor.fetch(
-            SQL_OUTBOX_CLAIM,
-            {
-                "claimant": claimant,
-                "now": now,
-                "lapsed_before": now - timedelta(seconds=lease),
-                "limit": limit,
-            },
+        params = {
+            "claimant": claimant,
+            "now": now,
+            "lapsed_before": now - timedelta(seconds=lease),
+            "limit": limit,
+        }
+        rows = await self._executor.run(
+            [(SQL_OUTBOX_CLAIM_TURN, None), (SQL_OUTBOX_CLAIM, params)],
             idempotent=True,  # a repeat by the same claimant takes the same rows again
         )
         return [_record(row) for row in rows]

@@ -17,6 +17,7 @@ from __future__ import annotations
 __all__ = [
     "OUTBOX_WAKE_CHANNEL",
     "SQL_OUTBOX_CLAIM",
+    "SQL_OUTBOX_CLAIM_TURN",
     "SQL_OUTBOX_MARK_PUBLISHED",
     "SQL_OUTBOX_PURGE",
     "SQL_OUTBOX_RELEASE",
@@ -71,6 +72,13 @@ where exists (select 1 from staged)
   ) = 0
 """
 
+SQL_OUTBOX_CLAIM_TURN = """
+-- Run first in the transaction of SQL_OUTBOX_CLAIM: claims take turns, so the claim that follows
+-- sees (in its own, later snapshot) every batch claimed before it. Held until that transaction
+-- ends, a moment later.
+select pg_advisory_xact_lock(hashtext('x_outbox_claim'))
+"""
+
 SQL_OUTBOX_CLAIM = """
 -- Parameters: claimant, now, lapsed_before (now - the claim lease), limit.
 --
@@ -86,20 +94,34 @@ SQL_OUTBOX_CLAIM = """
 --   stranding it until the lease lapses and handing out later rows ahead of it;
 -- * up to limit rows in (staged_at, id) order, a total order: a batch a failed publish handed
 --   back is taken again ahead of every row staged after it, so later rows never overtake it;
--- * SKIP LOCKED: a relay never waits on rows another relay is claiming at this instant;
+-- * nothing at or after a row another claimant holds under a live claim (the fence): a batch
+--   still being published, or one whose publish failed and whose hand-back failed too, is never
+--   overtaken by the rows staged after it — they wait for it to be retired or to lapse. Claims
+--   take turns (SQL_OUTBOX_CLAIM_TURN, run first in the same transaction), so each sees every
+--   claim made before it: two claims at once would each find no fence in the other;
 -- * the answer comes back in (staged_at, id) order, claimant and claim time on every row.
 -- The candidates are chosen and locked in a MATERIALIZED CTE before the UPDATE, so the planner
 -- cannot fold the LIMIT away and stamp more rows than it hands back; the UPDATE finds them by
 -- id as an array, which always plans as a primary-key lookup (a join let a generic plan hash
 -- the whole table).
-with free as materialized (
-    select id
+with fence as (
+    select staged_at, id
     from x_outbox
     where published_at is null
-      and (claimed_by is null or claimed_by = %(claimant)s or claimed_at <= %(lapsed_before)s)
+      and claimed_by <> %(claimant)s
+      and claimed_at > %(lapsed_before)s
     order by staged_at, id
+    limit 1
+),
+free as materialized (
+    select o.id
+    from x_outbox o
+    where o.published_at is null
+      and (o.claimed_by is null or o.claimed_by = %(claimant)s or o.claimed_at <= %(lapsed_before)s)
+      and not exists (select 1 from fence f where (o.staged_at, o.id) >= (f.staged_at, f.id))
+    order by o.staged_at, o.id
     limit %(limit)s
-    for update skip locked
+    for update
 ),
 claimed as (
     update x_outbox o

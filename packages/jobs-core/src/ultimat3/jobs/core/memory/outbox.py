@@ -66,15 +66,14 @@ class MemoryOutboxStore:
 
     async def claim(self, *, claimant: str, limit: int, lease: float) -> list[OutboxRecord]:
         now = self._clock.now()
-        free = sorted(
-            (
-                record
-                for record in self._rows.values()
-                if record.claimed_by in (None, claimant)  # a claimant asking again re-takes its own
-                or self._leases[record.request.id] <= now
-            ),
-            key=lambda record: (record.staged_at, record.request.id),
-        )[:limit]
+        free: list[OutboxRecord] = []
+        for record in sorted(self._rows.values(), key=lambda r: (r.staged_at, r.request.id)):
+            if len(free) == limit:
+                break
+            if record.claimed_by in (None, claimant) or self._leases[record.request.id] <= now:
+                free.append(record)  # a claimant asking again re-takes its own
+            else:
+                break  # another relay's live batch: nothing staged after it may overtake it
         claimed: list[OutboxRecord] = []
         for record in free:
             held = replace(record, claimed_by=claimant, claimed_at=now)

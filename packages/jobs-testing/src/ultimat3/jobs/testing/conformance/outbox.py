@@ -54,12 +54,18 @@ class OutboxRules:
         first = await jobs.outbox.claim(claimant="r1", limit=2, lease=30)
         assert [r.request.id for r in first] == [r.id for r in requests[:2]]
 
-    async def test_claimed_rows_are_not_handed_to_another_claimant(self, jobs: Conformance) -> None:
+    async def test_claimed_rows_and_every_row_after_them_wait_for_the_claimant(
+        self, jobs: Conformance
+    ) -> None:
+        """Another claimant takes neither the rows a live claim holds nor any row staged after
+        them: a later row never overtakes a batch still being published."""
         requests = await _staged(jobs, 3)
         await jobs.outbox.claim(claimant="r1", limit=2, lease=30)
         jobs.advance(29)
+        assert await jobs.outbox.claim(claimant="r2", limit=10, lease=30) == []
+        jobs.advance(2)  # r1's claim lapsed: its rows go first again
         rest = await jobs.outbox.claim(claimant="r2", limit=10, lease=30)
-        assert [r.request.id for r in rest] == [requests[2].id]
+        assert [r.request.id for r in rest] == [r.id for r in requests]
 
     async def test_a_claimant_asking_again_gets_its_own_rows_back(self, jobs: Conformance) -> None:
         staged = await _staged(jobs, 3)
