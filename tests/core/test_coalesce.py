@@ -147,3 +147,16 @@ async def test_drain_waits_for_everything_handed_over() -> None:
     await asyncio.sleep(0)
     await coalescer.drain()
     assert all(call.done() for call in calls)
+
+
+@pytest.mark.timeout(10)
+async def test_drain_right_after_the_last_answer_returns() -> None:
+    """The runner that answered has finished, but its done-callback has not run yet: drain must
+    not wait on it without yielding (it spun forever, and a driver's close() with it)."""
+
+    async def flush(items: Sequence[int]) -> list[bool]:
+        return [True for _ in items]
+
+    coalescer: Coalescer[int, bool] = Coalescer(flush)
+    assert await coalescer.submit(1)
+    await coalescer.drain()  # at once: wrapped in a task, the callback would get its turn first

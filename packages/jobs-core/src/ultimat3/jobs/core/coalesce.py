@@ -69,9 +69,11 @@ class Coalescer(Generic[ItemT, ResultT]):
         return await future
 
     async def drain(self) -> None:
-        """Wait until every submitted item was flushed (for a clean close)."""
-        while self._tasks:
-            await asyncio.shield(next(iter(self._tasks)))
+        """Wait until every submitted item was flushed (for a clean close). Only runners still
+        running are awaited: a finished one stays in the set until its done-callback runs, and
+        awaiting it again would never yield to the loop that runs that callback."""
+        while running := [task for task in self._tasks if not task.done()]:
+            await asyncio.gather(*(asyncio.shield(task) for task in running))
 
     async def _run(self) -> None:
         try:
