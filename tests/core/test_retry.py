@@ -18,6 +18,7 @@ from ultimat3.jobs.core import (
     register_error_retry,
     retry_schedule,
 )
+from ultimat3.jobs.core.errors import StepOutputInvalidError
 
 
 class GatewayBusyError(JobsError):
@@ -84,6 +85,13 @@ def test_an_unclassified_error_keeps_the_attempt_count_path() -> None:
 
 def test_a_terminal_code_dead_letters_on_the_attempt_it_happened() -> None:
     verdict = failure_verdict(Retry(attempts=5), 1, InvoiceRejectedError("no"))
+    assert (verdict.kind, verdict.stop_reason) == ("dead-lettered", "terminal")
+
+
+def test_a_step_output_json_cannot_hold_dead_letters_on_its_first_attempt() -> None:
+    """The same output fails the same way on every attempt, after the step's side effect ran
+    again each time: retrying only repeats the side effect."""
+    verdict = failure_verdict(Retry(attempts=5), 1, StepOutputInvalidError("nan"))
     assert (verdict.kind, verdict.stop_reason) == ("dead-lettered", "terminal")
 
 

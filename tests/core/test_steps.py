@@ -285,3 +285,23 @@ async def test_the_timeout_is_declared_on_the_bus_clock_not_the_workers(clock: F
     bus_clock.advance(60)
     await bus.publish("e", {"ok": True})
     assert await make_step(storage, clock, events=bus).wait_for_event("w", "e") == {"ok": True}
+
+
+async def test_steps_run_side_by_side_are_numbered_in_the_order_they_started(
+    clock: FrozenClock,
+) -> None:
+    """``from_step`` drops a step and every step that started after it: the number is taken when
+    a step starts, not when it finishes."""
+    storage, slow_may_finish = Storage(), asyncio.Event()
+
+    async def slow() -> str:
+        await slow_may_finish.wait()
+        return "slow"
+
+    async def fast() -> str:
+        slow_may_finish.set()
+        return "fast"
+
+    step = make_step(storage, clock)
+    assert await asyncio.gather(step.run("slow", slow), step.run("fast", fast)) == ["slow", "fast"]
+    assert {name: record.seq for name, record in storage.records.items()} == {"slow": 0, "fast": 1}

@@ -125,6 +125,9 @@ _CLASSIFICATION: dict[str, ErrorRetry] = {
     "X_VALIDATION": "terminal",
     "X_JOB_TENANT_MISMATCH": "terminal",
     "X_TENANCY_ACTOR_ORG_REQUIRED": "terminal",
+    # A step's return value JSON cannot hold fails the same way on every attempt, after running
+    # the step's side effect each time: a validation fault, dead-lettered on the first.
+    "X_STEP_OUTPUT_INVALID": "terminal",
     "X_JOB_TIMEOUT": "retryable",
     "X_DRAINING": "retryable",
     "X_TIMEOUT": "retryable",

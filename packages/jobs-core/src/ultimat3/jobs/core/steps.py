@@ -73,6 +73,9 @@ class Step:
         self._event_poll = event_poll
         self._seen: set[str] = set()
         self._next_seq = max((s.seq for s in steps.values()), default=-1) + 1
+        self._started: dict[str, int] = {}
+        """name -> the seq a new step took when it STARTED: ``from_step`` cuts by the order steps
+        started in, and steps run side by side finish in another."""
         self.trace: list[tuple[str, str]] = []
         """(step name, 'ran' | 'replayed' | 'suspended' | 'failed') in the order they happened."""
 
@@ -91,7 +94,10 @@ class Step:
             )
         self._seen.add(name)
         self._signal.throw_if_aborted()
-        return self._steps.get(name)
+        held = self._steps.get(name)
+        if held is None:
+            self._started[name] = self._allocate_seq()
+        return held
 
     async def _save(self, name: str, output: JsonValue, *, completed: bool = True) -> None:
         if self._signal.aborted:
@@ -102,7 +108,7 @@ class Step:
         held = self._steps.get(name)
         record = StepRecord(
             name=name,
-            seq=held.seq if held is not None else self._allocate_seq(),
+            seq=held.seq if held is not None else self._started[name],
             output=output,
             completed=completed,
         )
