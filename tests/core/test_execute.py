@@ -106,6 +106,27 @@ async def test_a_throw_with_attempts_left_retries_after_the_backoff(
     assert (await totals(driver, clock))["retried"] == 1
 
 
+async def test_a_replay_answers_what_was_stored_whatever_the_body_did_with_it(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    """The memory driver stores and hands out copies, as a server stores bytes: a body that
+    changes the value its step returned must not change what the next attempt replays."""
+
+    async def cart(*, input: Ping, step: Step, attempt: int) -> Any:
+        loaded = await step.run("load-cart", lambda: {"items": ["a"]})
+        loaded["items"].append(f"attempt-{attempt}")
+        if attempt == 1:
+            raise RuntimeError("transient")
+        return loaded
+
+    handle = ping_job(cart)
+    await handle.enqueue(Ping("c"))
+    await execute_job(await claim_one(driver), driver=driver, handle=handle)
+    clock.advance(1)
+    execution = await execute_job(await claim_one(driver), driver=driver, handle=handle)
+    assert execution.result == {"items": ["a", "attempt-2"]}
+
+
 async def test_exhausted_attempts_dead_letter_with_the_stop_reason(
     driver: MemoryJobDriver, clock: FrozenClock
 ) -> None:

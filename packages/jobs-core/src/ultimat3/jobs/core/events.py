@@ -9,6 +9,8 @@ test's answer would otherwise resume the next test's wait.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from copy import deepcopy
+from dataclasses import replace
 from datetime import datetime, timedelta
 
 from .clock import SYSTEM_CLOCK, Clock
@@ -61,7 +63,7 @@ class MemoryEventBus:
                 and record.expires_at > now
                 and (match is None or json_contains(record.payload, match))
             ):
-                return record
+                return replace(record, payload=deepcopy(record.payload))  # as a server's copy
         return None
 
     async def now(self) -> datetime:

@@ -8,6 +8,8 @@ each is atomic exactly as a statement is on a server.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
+from copy import deepcopy
+from dataclasses import replace
 from datetime import datetime, timedelta
 
 from ..clock import SYSTEM_CLOCK, Clock
@@ -34,6 +36,10 @@ from .leases import MemoryLeaseStore
 from .state import MemoryState, Row
 
 __all__ = ["MemoryJobDriver", "memory_job_driver"]
+
+
+def _copied(step: StepRecord) -> StepRecord:
+    return replace(step, output=deepcopy(step.output))
 
 
 def _claim_order(row: Row) -> tuple[datetime, str]:
@@ -180,7 +186,9 @@ class MemoryJobDriver:
             created_at=row.created_at,
             lease_until=row.lease_until,
             claim=ClaimRef(row.worker_id, row.claim),
-            steps=dict(self._state.steps.get(row.run_id, {})),
+            steps={
+                name: _copied(step) for name, step in self._state.steps.get(row.run_id, {}).items()
+            },
             enqueued_by=row.enqueued_by,
             traceparent=row.traceparent,
         )
@@ -226,7 +234,9 @@ class MemoryJobDriver:
     async def save_step(self, job_id: str, ref: ClaimRef, run_id: str, step: StepRecord) -> bool:
         if self._owned(job_id, ref) is None:
             return False
-        self._state.steps.setdefault(run_id, {})[step.name] = step
+        # Stored and handed out as copies, as a server stores bytes: a body that changes the
+        # value its step returned must not change what a later attempt replays.
+        self._state.steps.setdefault(run_id, {})[step.name] = _copied(step)
         return True
 
     async def stats(self) -> list[QueueStats]:
