@@ -123,7 +123,7 @@ class RedisIntrospection:
         return bool(removed)
 
     async def requeue(self, job_id: str, *, from_step: str | None = None) -> JobRow:
-        answer = await self._ns.call("requeue", job_id, from_step or "")
+        answer = await self._ns.call("requeue", job_id, optional(from_step))
         verdict = answer[0]
         if verdict == "missing":
             raise refusals.job_not_found(job_id)

@@ -127,8 +127,9 @@ class OperatorRules:
         held = await _with_steps(jobs, ["a"])
         assert await jobs.nack(held, dead_letter=True)
         before = await jobs.snapshot(held.id)
-        with pytest.raises(JobNotFoundError):
-            await jobs.introspect.requeue(held.id, from_step="nope")
+        for step in ("nope", ""):  # "" names a step too: it is not "keep every step"
+            with pytest.raises(JobNotFoundError):
+                await jobs.introspect.requeue(held.id, from_step=step)
         assert await jobs.snapshot(held.id) == before
 
     async def test_a_live_row_is_not_requeueable(self, jobs: Conformance) -> None:
