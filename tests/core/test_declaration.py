@@ -166,3 +166,21 @@ def test_describe_is_the_manifest_row() -> None:
     assert described.input == "Sync"
     assert described.retry.attempts == 5
     assert described.concurrency == {"limit": 2, "keyed": True, "when_busy": "fail"}
+
+
+def test_a_sync_body_that_takes_step_is_refused_where_it_is_declared() -> None:
+    """Its step calls would answer coroutines nobody awaits: no step would ever run."""
+
+    def sync_with_steps(*, input: Sync, step: Any) -> None:
+        step.run("charge", lambda: None)
+
+    with pytest.raises(JobDeclarationInvalidError, match="async def") as caught:
+        job(input=Sync, idempotency_key=_key, tenant="none")(sync_with_steps)
+    assert caught.value.code == "X_JOB_DECLARATION_INVALID"
+
+
+def test_a_sync_body_without_step_is_declared() -> None:
+    def sync_body(*, input: Sync) -> None:
+        return None
+
+    assert job(input=Sync, idempotency_key=_key, tenant="none")(sync_body).parameters == ("input",)

@@ -181,6 +181,18 @@ async def test_a_write_after_the_attempt_was_aborted_is_x_aborted(clock: FrozenC
     assert storage.records == {}
 
 
+async def test_a_step_begun_after_the_attempt_was_aborted_is_x_aborted(clock: FrozenClock) -> None:
+    """Whatever aborted the attempt (here its deadline), a step past the abort is refused with
+    X_ABORTED and its function never runs."""
+    controller, storage, calls = AbortController(), Storage(), []
+    step = make_step(storage, clock, signal=controller.signal)
+    controller.abort(JobTimeoutError("deadline"))
+    with pytest.raises(JobAbortedError) as caught:
+        await step.run("after", lambda: calls.append(1))
+    assert caught.value.code == "X_ABORTED"
+    assert (calls, storage.records) == ([], {})
+
+
 async def test_a_write_the_claim_no_longer_holds_is_refused(clock: FrozenClock) -> None:
     from ultimat3.jobs.core import LeaseLostError
 

@@ -159,6 +159,12 @@ class JobHandle(registry.Declared, Generic[InputT, ResultT]):
         self.on_settled = on_settled
         self.parameters = _body_parameters(self.body)
         """The names the body asks for, in ``BODY_PARAMETERS`` order."""
+        if not self._body_is_async and "step" in inspect.signature(body).parameters:
+            raise JobDeclarationInvalidError(
+                f"{body.__qualname__}: a sync body cannot take step — its methods are coroutines, "
+                "and a call the body cannot await would run nothing; declare it `async def`",
+                meta={"field": "run", "parameter": "step"},
+            )
         self._declare(body, name)
         self.__doc__ = body.__doc__
         self.__wrapped__ = body

@@ -93,7 +93,12 @@ class Step:
                 meta={"step": name},
             )
         self._seen.add(name)
-        self._signal.throw_if_aborted()
+        reason = self._signal.reason
+        if reason is not None:  # every step past the abort is refused, whatever aborted it
+            raise JobAbortedError(
+                f"step {name!r} began after the attempt was aborted; it does not run",
+                meta={"step": name, "reason": repr(reason)},
+            ) from reason
         held = self._steps.get(name)
         if held is None:
             self._started[name] = self._allocate_seq()
