@@ -12,6 +12,7 @@ from ultimat3.jobs.core import (
     AbortController,
     AbortSignal,
     FrozenClock,
+    InvariantError,
     JobAbortedError,
     JobTimeoutError,
     StepDuplicateError,
@@ -317,3 +318,14 @@ async def test_steps_run_side_by_side_are_numbered_in_the_order_they_started(
     step = make_step(storage, clock)
     assert await asyncio.gather(step.run("slow", slow), step.run("fast", fast)) == ["slow", "fast"]
     assert {name: record.seq for name, record in storage.records.items()} == {"slow": 0, "fast": 1}
+
+
+@pytest.mark.parametrize("name", ["", "a\x00b", 7])
+async def test_a_step_name_no_store_can_hold_is_refused_before_the_step_runs(
+    clock: FrozenClock, name: Any
+) -> None:
+    storage, calls = Storage(), []
+    with pytest.raises(InvariantError) as caught:
+        await make_step(storage, clock).run(name, lambda: calls.append(1))
+    assert caught.value.code == "X_INVARIANT"
+    assert (calls, storage.records) == ([], {})

@@ -18,6 +18,7 @@ from typing import Any, TypeAlias
 from .clock import Clock
 from .durations import Duration, parse_duration
 from .errors import (
+    InvariantError,
     JobAbortedError,
     JobTimeoutError,
     LeaseLostError,
@@ -84,8 +85,13 @@ class Step:
         return self._steps
 
     def _enter(self, name: str) -> StepRecord | None:
-        if not isinstance(name, str) or not name:
-            raise StepDuplicateError(f"step names must be non-empty strings, got {name!r}")
+        if not isinstance(name, str) or not name or "\x00" in name:
+            # Checked before the step runs: a name no store can hold (Postgres text holds no NUL)
+            # would otherwise fail the save after the step's side effect, on every attempt.
+            raise InvariantError(
+                f"step names must be non-empty strings without NUL, got {name!r:.80}",
+                meta={"step": repr(name)[:80]},
+            )
         if name in self._seen:
             raise StepDuplicateError(
                 f"step {name!r} ran twice in one run; step names are the replay key and must be "
