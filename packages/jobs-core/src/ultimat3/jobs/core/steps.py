@@ -26,7 +26,7 @@ from .errors import (
     StepOutputInvalidError,
 )
 from .jsonvalue import json_roundtrip
-from .model import EventRecord, JsonValue, StepRecord
+from .model import JsonValue, StepRecord
 from .protocol import EventBus
 from .signal import AbortController, AbortSignal
 
@@ -261,9 +261,9 @@ class Step:
             since = datetime.fromisoformat(held.output["since"])
             raw_deadline = held.output.get("deadline")
             deadline = datetime.fromisoformat(raw_deadline) if raw_deadline else None
-        found = _in_time(await self._events.lookup(event, since=since, match=match), deadline)
+        found = await self._events.lookup(event, since=since, match=match)
         if found is None and deadline is not None and await self._events.now() >= deadline:
-            found = _in_time(await self._events.lookup(event, since=since, match=match), deadline)
+            found = await self._events.lookup(event, since=since, match=match)
             if found is None:
                 await self._save(name, {"timed_out": True})
                 self.trace.append((name, "ran"))
@@ -280,14 +280,6 @@ class Step:
             resume_at = min(resume_at, now + timedelta(seconds=max(0.0, remaining)))
         self.trace.append((name, "suspended"))
         raise StepSuspension(resume_at, f"wait for {event}")
-
-
-def _in_time(found: EventRecord | None, deadline: datetime | None) -> EventRecord | None:
-    """The earliest match, when it was published by the deadline: one published after it means
-    none came in time, however late the worker looks (it timed out, whatever came since)."""
-    if found is None or deadline is None or found.published_at <= deadline:
-        return found
-    return None
 
 
 def _event_outcome(name: str, output: Mapping[str, Any], required: bool) -> JsonValue:
