@@ -5,16 +5,19 @@ from contextlib import asynccontextmanager
 
 import pytest
 
-from ultimat3.jobs.core import FrozenClock
+from ultimat3.jobs.core import EnqueueRequest, FrozenClock
 from ultimat3.jobs.pg import (
     SQL_JOBS_TABLE,
+    PostgresOutboxStore,
+    current_tx,
+    jobs_transaction,
     postgres_event_bus,
     postgres_job_driver,
     postgres_lease_leader,
-    postgres_outbox_store,
     postgres_scheduler_state,
     truncate_tables,
 )
+from ultimat3.jobs.pg.executor import PgExecutor
 from ultimat3.jobs.testing import ConformanceTarget, job_driver_conformance
 from ultimat3.jobs.testing.services import scratch_database
 
@@ -27,6 +30,19 @@ def pg_conformance_url(postgres_url: str) -> Iterator[str]:
         yield url
 
 
+class StagingInItsOwnTransaction(PostgresOutboxStore):
+    """The suite stages outside any transaction, which the store refuses (it stages only in the
+    caller's): here each stage is the caller's transaction of one statement."""
+
+    def __init__(self, executor: PgExecutor, clock: FrozenClock) -> None:
+        super().__init__(executor=executor, tx_executor=current_tx, clock=clock)
+        self._connections = executor
+
+    async def stage(self, request: EnqueueRequest) -> None:
+        async with self._connections.connection() as conn, jobs_transaction(conn):
+            await super().stage(request)
+
+
 @asynccontextmanager
 async def postgres_target(
     clock: FrozenClock, request: pytest.FixtureRequest
@@ -37,7 +53,7 @@ async def postgres_target(
     try:
         yield ConformanceTarget(
             driver=driver,
-            outbox=postgres_outbox_store(executor=executor, clock=clock),
+            outbox=StagingInItsOwnTransaction(executor, clock),
             events=postgres_event_bus(executor=executor),
             scheduler_state=postgres_scheduler_state(executor, clock=clock),
             leader=lambda: postgres_lease_leader(executor=executor, ttl=30.0, clock=clock),

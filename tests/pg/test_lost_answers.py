@@ -17,7 +17,12 @@ from ultimat3.jobs.core import (
     new_id,
 )
 from ultimat3.jobs.core.model import ClaimRef
-from ultimat3.jobs.pg import PostgresJobDriver, postgres_job_driver, postgres_outbox_store
+from ultimat3.jobs.pg import (
+    PostgresJobDriver,
+    jobs_transaction,
+    postgres_job_driver,
+    postgres_outbox_store,
+)
 
 pytestmark = pytest.mark.pg
 
@@ -150,10 +155,11 @@ async def test_an_outbox_claim_whose_answer_was_lost_answers_the_batch_it_stampe
 ) -> None:
     store = postgres_outbox_store(executor=lossy.executor, clock=clock)
     staged = []
-    for n in range(3):
-        staged.append(request(clock, n))
-        await store.stage(staged[-1])
-        clock.advance(0.001)
+    async with lossy.executor.connection() as conn, jobs_transaction(conn):
+        for n in range(3):
+            staged.append(request(clock, n))
+            await store.stage(staged[-1])
+            clock.advance(0.001)
     faults.lose_answers()
     records = await store.claim(claimant="relay-1", limit=1, lease=30)
     assert [r.request.id for r in records] == [staged[0].id]

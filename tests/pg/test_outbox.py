@@ -26,6 +26,7 @@ from ultimat3.jobs.core import (
     set_job_driver,
     set_jobs_facade,
 )
+from ultimat3.jobs.core.errors import OutboxNoTxError
 from ultimat3.jobs.core.model import OutboxRecord
 from ultimat3.jobs.core.outbox import OutboxRelay
 from ultimat3.jobs.pg import PostgresJobDriver, postgres_job_driver, start_queue_wake
@@ -143,6 +144,28 @@ async def run_jobs(driver: PostgresJobDriver) -> list[str]:
 async def job_rows(driver: PostgresJobDriver) -> list[tuple[str, JobState]]:
     page = await driver.introspect.list(JobFilter(name=send_invoice.name, limit=200))
     return [(row.id, row.state) for row in page.rows]
+
+
+async def invoice_in_plain_transaction(app: AsyncConnection[Any], number: str) -> None:
+    """Write an invoice and enqueue its email in a transaction another layer opened."""
+    async with app.transaction():
+        await app.execute("insert into invoices (number) values (%s)", (number,))
+        await send_invoice.enqueue(Invoice(number))
+
+
+async def test_a_store_that_cannot_see_the_facades_transaction_publishes_nothing(
+    driver: PostgresJobDriver, app: AsyncConnection[Any], clock: FrozenClock
+) -> None:
+    """The facade joins a transaction another layer opened; the store was left on the default
+    ``tx_executor``, which sees none. The enqueue fails inside the transaction rather than
+    staging on the pool, where the job would outlive the rollback."""
+    blind = postgres_outbox_store(executor=driver.executor, clock=clock)
+    set_jobs_facade(outbox_jobs_facade(store=blind, driver=driver, current_tx=lambda: app))
+    with pytest.raises(OutboxNoTxError):
+        await invoice_in_plain_transaction(app, "INV-9")
+    assert await blind.retained() == []
+    assert await relay_of(blind, driver, clock).run_once() == 0
+    assert await run_jobs(driver) == []
 
 
 async def test_an_enqueue_in_a_rolled_back_transaction_never_runs(

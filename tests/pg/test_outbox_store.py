@@ -152,21 +152,24 @@ async def test_an_ambient_connection_with_no_open_transaction_is_refused(
     assert await store.retained() == []
 
 
-async def test_staging_with_no_ambient_transaction_commits_on_its_own(
+async def test_staging_with_no_ambient_transaction_is_refused_not_run_on_the_pool(
     store: PostgresOutboxStore, clock: FrozenClock
 ) -> None:
+    """A store whose ``tx_executor`` sees no transaction stages nothing: a statement of its own
+    would commit the job whatever became of the caller's transaction."""
     assert current_tx() is None
-    staged = request(clock)
-    await store.stage(staged)
-    assert [record.request.id for record in await store.retained()] == [staged.id]
+    with pytest.raises(OutboxNoTxError, match="no ambient connection"):
+        await store.stage(request(clock))
+    assert await store.retained() == []
 
 
 async def test_staging_an_id_twice_keeps_the_first_row(
-    store: PostgresOutboxStore, clock: FrozenClock
+    store: PostgresOutboxStore, app: AsyncConnection[Any], clock: FrozenClock
 ) -> None:
     first = request(clock)
-    await store.stage(first)
-    await store.stage(request(clock, id=first.id, queue="elsewhere"))
+    async with jobs_transaction(app):
+        await store.stage(first)
+        await store.stage(request(clock, id=first.id, queue="elsewhere"))
     assert [record.request for record in await store.retained()] == [first]
 
 

@@ -59,20 +59,25 @@ class PostgresOutboxStore:
         return f"PostgresOutboxStore({self._executor!r})"
 
     async def stage(self, request: EnqueueRequest) -> None:
-        """Stage ``request`` in the caller's transaction (a statement of its own when there is
-        none, as the memory store does outside ``transaction()``)."""
-        params = stage_params(request, self._clock)
+        """Stage ``request`` in the caller's open transaction, and nowhere else.
+
+        With no transaction (``tx_executor`` answers None, or a connection with none open) it is
+        ``X_OUTBOX_NO_TX``, never a statement of its own on the pool: a facade whose
+        ``current_tx`` saw a transaction the store's ``tx_executor`` cannot would otherwise
+        publish a job whose transaction rolled back.
+        """
         conn = self._tx_executor()
-        if conn is None:
-            await self._executor.fetch(SQL_OUTBOX_STAGE, params, idempotent=True)
-            return
-        if conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE:
+        if conn is None or (
+            conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE
+        ):
+            where = "no ambient connection" if conn is None else "the ambient connection"
             raise OutboxNoTxError(
-                f"{request.name}: the ambient connection has no open transaction, so the staged "
-                "job would commit on its own; enqueue inside `async with jobs_transaction(conn):`",
+                f"{request.name}: {where} has no open transaction, so the staged job would not "
+                "commit with the caller's rows; enqueue inside `async with "
+                "jobs_transaction(conn):`",
                 meta={"job": request.name},
             )
-        await conn.execute(SQL_OUTBOX_STAGE, params)
+        await conn.execute(SQL_OUTBOX_STAGE, stage_params(request, self._clock))
 
     async def claim(self, *, claimant: str, limit: int, lease: float) -> list[OutboxRecord]:
         now = self._clock.now()

@@ -64,7 +64,9 @@ class ConformanceTarget:
     ``driver`` is required; its optional parts (``introspect``, ``leases``, ``backfills``,
     ``events``) are read off it. The rest are stores a backend may offer beside its driver:
 
-    - ``outbox``: an ``OutboxStore`` on the same clock;
+    - ``outbox``: an ``OutboxStore`` on the same clock. The suite calls ``stage`` outside any
+      transaction: a store that stages only in its caller's transaction is handed in with
+      each ``stage`` wrapped in a transaction of its own (as ``conformance/test_pg.py`` does);
     - ``events``: an ``EventBus``, when the bus is not ``driver.events``;
     - ``scheduler_state``: a ``SchedulerState`` whose ``fire`` enqueues onto ``driver``;
     - ``leader``: builds a new ``Leader`` contending for ONE lease on the backend each call;
