@@ -13,7 +13,7 @@ from pg.plans import plan_of
 from psycopg import AsyncConnection
 
 from ultimat3.jobs.core import EnqueueRequest, FrozenClock, new_id
-from ultimat3.jobs.core.errors import OutboxNoTxError
+from ultimat3.jobs.core.errors import InvariantError, OutboxNoTxError
 from ultimat3.jobs.pg import PostgresJobDriver
 from ultimat3.jobs.pg.outbox import PostgresOutboxStore, postgres_outbox_store, stage_params
 from ultimat3.jobs.pg.sql_outbox import (
@@ -240,6 +240,19 @@ async def test_purge_removes_only_rows_published_longer_ago_than_the_retention(
     assert await store.purge_published(older_than="7d") == 0
     cursor = await app.execute("select id from x_outbox order by staged_at, id")
     assert [row[0] for row in await cursor.fetchall()] == [recent.id, waiting.id]
+
+
+@pytest.mark.parametrize("older_than", [-5, timedelta(days=-1)])
+async def test_a_purge_of_a_negative_age_is_refused_and_removes_nothing(
+    store: PostgresOutboxStore, app: AsyncConnection[Any], clock: FrozenClock, older_than: Any
+) -> None:
+    staged = await stage_committed(store, app, clock)
+    await store.claim(claimant="r1", limit=1, lease=30)
+    await store.mark_published([staged.id], claimant="r1")
+    with pytest.raises(InvariantError, match="must not be negative"):
+        await store.purge_published(older_than=older_than)
+    cursor = await app.execute("select count(*) from x_outbox")
+    assert await cursor.fetchall() == [(1,)]
 
 
 def nodes_on(plan: dict[str, Any], table: str) -> list[str]:

@@ -24,7 +24,7 @@ from psycopg.pq import TransactionStatus
 
 from ultimat3.jobs.core.clock import SYSTEM_CLOCK, Clock
 from ultimat3.jobs.core.durations import Duration, parse_duration
-from ultimat3.jobs.core.errors import OutboxNoTxError
+from ultimat3.jobs.core.errors import InvariantError, OutboxNoTxError
 from ultimat3.jobs.core.model import EnqueueRequest, OutboxRecord
 
 from .executor import PgTarget, pg_executor
@@ -115,6 +115,11 @@ class PostgresOutboxStore:
         """Delete rows published more than ``older_than`` ago (the audit trail's retention);
         answers the rows removed. Unpublished rows are never touched."""
         age = parse_duration(older_than, field="older_than")
+        if age < 0:  # "published before a moment still to come" is every published row
+            raise InvariantError(
+                f"older_than must not be negative, got {older_than!r}",
+                meta={"field": "older_than"},
+            )
         before = self._clock.now() - timedelta(seconds=age)
         rows = await self._executor.fetch(SQL_OUTBOX_PURGE, {"before": before})
         return int(rows[0][0])
