@@ -4,20 +4,17 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 
 import pytest
+from support.outbox import StagingInItsOwnTransaction
 
-from ultimat3.jobs.core import EnqueueRequest, FrozenClock
+from ultimat3.jobs.core import FrozenClock
 from ultimat3.jobs.pg import (
     SQL_JOBS_TABLE,
-    PostgresOutboxStore,
-    current_tx,
-    jobs_transaction,
     postgres_event_bus,
     postgres_job_driver,
     postgres_lease_leader,
     postgres_scheduler_state,
     truncate_tables,
 )
-from ultimat3.jobs.pg.executor import PgExecutor
 from ultimat3.jobs.testing import ConformanceTarget, job_driver_conformance
 from ultimat3.jobs.testing.services import scratch_database
 
@@ -28,19 +25,6 @@ def pg_conformance_url(postgres_url: str) -> Iterator[str]:
     cheaper than a database per test."""
     with scratch_database(postgres_url, setup=SQL_JOBS_TABLE) as url:
         yield url
-
-
-class StagingInItsOwnTransaction(PostgresOutboxStore):
-    """The suite stages outside any transaction, which the store refuses (it stages only in the
-    caller's): here each stage is the caller's transaction of one statement."""
-
-    def __init__(self, executor: PgExecutor, clock: FrozenClock) -> None:
-        super().__init__(executor=executor, tx_executor=current_tx, clock=clock)
-        self._connections = executor
-
-    async def stage(self, request: EnqueueRequest) -> None:
-        async with self._connections.connection() as conn, jobs_transaction(conn):
-            await super().stage(request)
 
 
 @asynccontextmanager

@@ -5,10 +5,10 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 
 import pytest
+from support.outbox import StagingInItsOwnTransaction
 
 from ultimat3.jobs.core import FrozenClock
 from ultimat3.jobs.pg import SQL_JOBS_TABLE, pg_executor, truncate_tables
-from ultimat3.jobs.pg.outbox import postgres_outbox_store
 from ultimat3.jobs.redis import redis_job_driver, redis_lease_leader, redis_scheduler_state
 from ultimat3.jobs.testing import ConformanceTarget, job_driver_conformance
 from ultimat3.jobs.testing.services import scratch_database
@@ -38,7 +38,7 @@ async def redis_target(
     )
     database = request.getfixturevalue("outbox_database")
     postgres = pg_executor(database) if database is not None else None
-    outbox = postgres_outbox_store(executor=postgres, clock=clock) if postgres else None
+    outbox = StagingInItsOwnTransaction(postgres, clock) if postgres else None
 
     async def reset() -> None:
         await driver.clear()

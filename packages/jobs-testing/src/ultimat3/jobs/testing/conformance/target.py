@@ -66,7 +66,7 @@ class ConformanceTarget:
 
     - ``outbox``: an ``OutboxStore`` on the same clock. The suite calls ``stage`` outside any
       transaction: a store that stages only in its caller's transaction is handed in with
-      each ``stage`` wrapped in a transaction of its own (as ``conformance/test_pg.py`` does);
+      each ``stage`` wrapped in a transaction of its own (as this repository's targets do);
     - ``events``: an ``EventBus``, when the bus is not ``driver.events``;
     - ``scheduler_state``: a ``SchedulerState`` whose ``fire`` enqueues onto ``driver``;
     - ``leader``: builds a new ``Leader`` contending for ONE lease on the backend each call;
