@@ -26,7 +26,8 @@ SQL_EVENT_LOOKUP = """
 -- Parameters: event, since, match (JSON text, or null for any payload).
 -- The earliest event of that name published at or after since, not yet expired by the
 -- database's clock, whose payload contains match (jsonb @>: objects by subset, arrays by
--- element). Earliest is (published_at, id). Served by x_job_events_lookup_idx.
+-- element). Earliest is (published_at, id). Served by x_job_events_earliest_idx, in that order:
+-- the first row that passes the filters is the answer, with no sort of the name's events.
 select id, event, payload, published_at, expires_at
 from x_job_events
 where event = %(event)s

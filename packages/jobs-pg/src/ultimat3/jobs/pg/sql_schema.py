@@ -127,6 +127,10 @@ create table if not exists x_job_counters (
     primary key (name, bucket_start, width_s)
 );
 
+-- The rollup's read: per tier, its oldest buckets up to the tier's cutoff. Written once per new
+-- bucket; a settle adding into its bucket changes no key column of it.
+create index if not exists x_job_counters_due_idx on x_job_counters (width_s, bucket_start);
+
 -- A paused queue is a row here, read by every claim: no worker claims from it.
 create table if not exists x_queue_pauses (
     queue     text collate "C" primary key,
@@ -214,7 +218,11 @@ create table if not exists x_job_events (
     expires_at   timestamptz not null
 );
 
-create index if not exists x_job_events_lookup_idx on x_job_events (event, published_at);
+-- The lookup's scan: one name's events in (published_at, id) order, so the earliest is the first
+-- row read rather than the top of a sort of all that name's events. (x_job_events_lookup_idx,
+-- on (event, published_at) alone, was the first definition, dropped here.)
+drop index if exists x_job_events_lookup_idx;
+create index if not exists x_job_events_earliest_idx on x_job_events (event, published_at, id);
 create index if not exists x_job_events_expiry_idx on x_job_events (expires_at);
 
 -- The wake's throttle: per queue, the last WAKE_SLOT (250 ms) slot an enqueue announced.
