@@ -18,7 +18,7 @@ from ultimat3.jobs.core import (
     register_error_retry,
     retry_schedule,
 )
-from ultimat3.jobs.core.errors import StepOutputInvalidError
+from ultimat3.jobs.core.errors import StepDuplicateError, StepOutputInvalidError
 
 
 class GatewayBusyError(JobsError):
@@ -92,6 +92,13 @@ def test_a_step_output_json_cannot_hold_dead_letters_on_its_first_attempt() -> N
     """The same output fails the same way on every attempt, after the step's side effect ran
     again each time: retrying only repeats the side effect."""
     verdict = failure_verdict(Retry(attempts=5), 1, StepOutputInvalidError("nan"))
+    assert (verdict.kind, verdict.stop_reason) == ("dead-lettered", "terminal")
+
+
+def test_a_step_name_reused_dead_letters_on_its_first_attempt() -> None:
+    """A duplicate name, or one another kind of step stored, is the run's code: every retry
+    meets it again."""
+    verdict = failure_verdict(Retry(attempts=5), 1, StepDuplicateError("twice"))
     assert (verdict.kind, verdict.stop_reason) == ("dead-lettered", "terminal")
 
 

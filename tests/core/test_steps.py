@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from datetime import timedelta
 from typing import Any
 
@@ -16,11 +17,13 @@ from ultimat3.jobs.core import (
     JobAbortedError,
     JobTimeoutError,
     StepDuplicateError,
+    StepKind,
     StepOutputInvalidError,
     StepRecord,
     StepSuspension,
     memory_event_bus,
 )
+from ultimat3.jobs.core.model import STEP_KINDS
 from ultimat3.jobs.core.steps import Step
 
 
@@ -329,3 +332,70 @@ async def test_a_step_name_no_store_can_hold_is_refused_before_the_step_runs(
         await make_step(storage, clock).run(name, lambda: calls.append(1))
     assert caught.value.code == "X_INVARIANT"
     assert (calls, storage.records) == ([], {})
+
+
+async def take_step(step: Step, kind: StepKind, name: str, ran: list[str]) -> None:
+    """One step of ``kind`` under ``name``, as a run's body takes it; a run step's function
+    notes in ``ran`` that it ran. A sleep or a wait suspending is how it ends an attempt."""
+
+    def charge() -> str:
+        ran.append(name)
+        return "charged"
+
+    with contextlib.suppress(StepSuspension):
+        if kind == "run":
+            await step.run(name, charge)
+        elif kind == "sleep":
+            await step.sleep(name, "1h")
+        else:
+            await step.wait_for_event(name, "order.paid")
+
+
+@pytest.mark.parametrize(
+    ("stored", "met_by"),
+    [("run", "sleep"), ("run", "wait"), ("sleep", "run"), ("wait", "run"), ("sleep", "wait")],
+)
+async def test_a_name_another_kind_of_step_stored_is_x_step_duplicate_before_the_step_runs(
+    clock: FrozenClock, stored: StepKind, met_by: StepKind
+) -> None:
+    """The run's code changed between attempts and reused a name for another kind of step."""
+    storage, ran = Storage(), []
+    await take_step(make_step(storage, clock), stored, "x", ran)
+    record, ran_before = storage.records["x"], list(ran)
+    with pytest.raises(StepDuplicateError) as caught:
+        await take_step(make_step(storage, clock), met_by, "x", ran)
+    assert caught.value.code == "X_STEP_DUPLICATE"
+    assert f"{stored!r} step" in caught.value.message
+    assert f"{met_by!r} step" in caught.value.message
+    assert (ran, storage.records) == (ran_before, {"x": record})
+
+
+async def test_every_kind_of_step_stores_its_kind(clock: FrozenClock) -> None:
+    storage = Storage()
+    for kind in STEP_KINDS:
+        await take_step(make_step(storage, clock), kind, kind, [])
+    assert {name: record.kind for name, record in storage.records.items()} == {
+        "run": "run",
+        "sleep": "sleep",
+        "wait": "wait",
+    }
+
+
+async def test_a_step_stored_before_steps_carried_their_kind_replays_for_any_kind(
+    clock: FrozenClock,
+) -> None:
+    """A run in flight across the upgrade keeps replaying the records it already has."""
+    storage, ran = Storage(), []
+    past = (clock.now() - timedelta(minutes=1)).isoformat()
+    for record in (
+        StepRecord("charge", 0, "charged"),
+        StepRecord("cool-off", 1, {"until": past}),
+        StepRecord("paid", 2, {"event_id": "e-1", "payload": {"order": "o-1"}}),
+    ):
+        storage.records[record.name] = record
+    step = make_step(storage, clock)
+    assert await step.run("charge", lambda: ran.append("charge")) == "charged"
+    await step.sleep("cool-off", "1h")
+    assert await step.wait_for_event("paid", "order.paid") == {"order": "o-1"}
+    assert ran == []
+    assert step.trace == [("charge", "replayed"), ("cool-off", "replayed"), ("paid", "replayed")]

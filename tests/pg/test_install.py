@@ -8,6 +8,7 @@ import inspect
 import psycopg
 import pytest
 
+from ultimat3.jobs.core import StepRecord
 from ultimat3.jobs.core.cli import driver_for_url, main
 from ultimat3.jobs.pg import (
     SQL_JOBS_TABLE,
@@ -30,6 +31,7 @@ from ultimat3.jobs.pg import (
     sql_wake,
     sql_workers,
 )
+from ultimat3.jobs.pg.rows import step_record
 
 pytestmark = pytest.mark.pg
 
@@ -82,6 +84,41 @@ def test_ujobs_migrate_reads_database_url_from_the_environment(
     monkeypatch.setenv("DATABASE_URL", pg_database_url)
     assert main(["migrate"]) == 0
     assert tables_of(pg_database_url) >= TABLES
+
+
+STEPS_BEFORE_KINDS = """
+create table x_job_steps (
+    run_id    text collate "C" not null,
+    name      text collate "C" not null,
+    seq       integer not null,
+    output    json not null,
+    completed boolean not null default true,
+    saved_at  timestamptz not null,
+    primary key (run_id, name)
+);
+insert into x_job_steps (run_id, name, seq, output, completed, saved_at)
+values ('run-1', 'charge', 0, '"charged"', true, '2026-03-02T09:00:00Z');
+"""
+"""x_job_steps as installs made it before steps carried their kind, with one step in it."""
+
+
+async def test_install_adds_the_step_kind_to_a_database_made_before_it(
+    pg_database_url: str,
+) -> None:
+    """The steps a run stored before the upgrade stay, kindless, which any kind of step
+    replays; installing again adds nothing more."""
+    with psycopg.connect(pg_database_url) as conn:
+        conn.execute(STEPS_BEFORE_KINDS)
+    await install(pg_database_url)
+    await install(pg_database_url)
+    with psycopg.connect(pg_database_url) as conn:
+        rows = conn.execute(sql_read.SQL_JOB_STEPS, {"run_id": "run-1"}).fetchall()
+        checks = conn.execute(
+            "select count(*) from pg_constraint "
+            "where conrelid = 'x_job_steps'::regclass and contype = 'c'"
+        ).fetchone()
+    assert [step_record(*row) for row in rows] == [StepRecord("charge", 0, "charged")]
+    assert checks == (1,)
 
 
 async def test_a_postgres_url_finds_this_driver(pg_url: str) -> None:

@@ -203,6 +203,7 @@ async def test_fenced_writes_find_their_rows_by_primary_key_whatever_the_statist
                 "seq": 1,
                 "output": "1",
                 "completed": True,
+                "kind": "run",
                 "now": now,
             },
         ),

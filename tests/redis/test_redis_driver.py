@@ -20,6 +20,7 @@ from ultimat3.jobs.core import (
     JobFilter,
     JobState,
     NackOptions,
+    StepRecord,
     memory_job_driver,
 )
 from ultimat3.jobs.core.constants import MAX_BULK_ROWS
@@ -87,6 +88,24 @@ async def test_a_server_that_lost_its_scripts_gets_them_again(
     queued = await driver.enqueue(new_request())
     assert not queued.deduped
     assert await driver.client.script_exists(never_loaded.sha) == [True]
+
+
+async def test_steps_stored_before_steps_carried_their_kind_come_back_kindless(
+    driver: RedisJobDriver, new_request: RequestBuilder
+) -> None:
+    """A run in flight across the upgrade keeps the steps it stored in the older form, which any
+    kind of step replays; an output that starts like a kind is still all output."""
+    await driver.enqueue(new_request())
+    (held,) = (await driver.claim(worker_id="w", slots={"q": 1}, visibility_timeout=30)).jobs
+    older_form = {"charge": '0 1 "run charged"', "paid": '1 0 {"since":"t0"}', "n": "2 1 7"}
+    await driver.client.hset(driver.namespace.key(f"steps:{held.run_id}"), mapping=older_form)
+    assert await driver.nack(held.id, NackOptions(held.claim.worker_id, held.claim.claim))
+    (again,) = (await driver.claim(worker_id="w", slots={"q": 1}, visibility_timeout=30)).jobs
+    assert again.steps == {
+        "charge": StepRecord("charge", 0, "run charged"),
+        "paid": StepRecord("paid", 1, {"since": "t0"}, completed=False),
+        "n": StepRecord("n", 2, 7),
+    }
 
 
 async def test_driver_from_url_answers_a_driver_on_that_server(redis_url: str) -> None:

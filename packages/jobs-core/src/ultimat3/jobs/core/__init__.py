@@ -61,6 +61,7 @@ from .model import (
     NackOptions,
     Progress,
     QueueStats,
+    StepKind,
     StepRecord,
     claim_of,
 )
@@ -154,6 +155,7 @@ __all__ = [
     "SchedulerState",
     "Settled",
     "Step",
+    "StepKind",
     "StepRecord",
     "StepSuspension",
     "SystemClock",

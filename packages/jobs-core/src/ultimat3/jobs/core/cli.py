@@ -122,7 +122,8 @@ async def _jobs_show(args: argparse.Namespace, driver: JobDriver) -> int:
         f"input {json.dumps(row.input)}",
     ]
     lines += [
-        f"  step {step.seq:>3} {step.name} ({'done' if step.completed else 'waiting'})"
+        f"  step {step.seq:>3} {step.kind or '?':<5} {step.name} "
+        f"({'done' if step.completed else 'waiting'})"
         for step in found.steps
     ]
     if row.progress is not None:

@@ -18,6 +18,7 @@ __all__ = [
     "LIVE_STATES",
     "PROMOTABLE_STATES",
     "REQUEUEABLE_STATES",
+    "STEP_KINDS",
     "AckOptions",
     "BackfillRow",
     "BulkFilter",
@@ -42,10 +43,12 @@ __all__ = [
     "OutboxRecord",
     "Progress",
     "QueueStats",
+    "StepKind",
     "StepRecord",
     "TaskFire",
     "WorkerInfo",
     "claim_of",
+    "stored_step_kind",
 ]
 
 JsonValue: TypeAlias = Any
@@ -74,6 +77,16 @@ PROMOTABLE_STATES = frozenset({JobState.DELAYED, JobState.READY})
 
 CounterKind: TypeAlias = Literal["done", "retried", "failed", "dead"]
 COUNTER_KINDS: tuple[CounterKind, ...] = ("done", "retried", "failed", "dead")
+
+StepKind: TypeAlias = Literal["run", "sleep", "wait"]
+"""Which call wrote a step: ``step.run``, ``step.sleep`` or ``step.wait_for_event``."""
+STEP_KINDS: tuple[StepKind, ...] = ("run", "sleep", "wait")
+
+
+def stored_step_kind(stored: str | None) -> StepKind | None:
+    """The kind a driver read back as text; None when the text names none (a record stored
+    before steps carried their kind)."""
+    return next((kind for kind in STEP_KINDS if kind == stored), None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,12 +127,15 @@ class ClaimRef:
 @dataclass(frozen=True, slots=True)
 class StepRecord:
     """One step of a run. ``completed=False`` marks a wait still open (its output holds when the
-    wait began); ``seq`` is the order steps started in, which ``requeue(from_step=)`` cuts by."""
+    wait began); ``seq`` is the order steps started in, which ``requeue(from_step=)`` cuts by.
+    ``kind`` lets a replay refuse a record another kind of step wrote under the same name; it is
+    None on records stored before steps carried it, which any kind replays."""
 
     name: str
     seq: int
     output: JsonValue
     completed: bool = True
+    kind: StepKind | None = None
 
 
 @dataclass(frozen=True, slots=True)

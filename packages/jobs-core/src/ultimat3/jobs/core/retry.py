@@ -128,6 +128,9 @@ _CLASSIFICATION: dict[str, ErrorRetry] = {
     # A step's return value JSON cannot hold fails the same way on every attempt, after running
     # the step's side effect each time: a validation fault, dead-lettered on the first.
     "X_STEP_OUTPUT_INVALID": "terminal",
+    # Two steps of one name, or a name the run stored for another kind of step, meet again on
+    # every attempt until the code changes: the fix is a deploy and a requeue, not a backoff.
+    "X_STEP_DUPLICATE": "terminal",
     "X_JOB_TIMEOUT": "retryable",
     "X_DRAINING": "retryable",
     "X_TIMEOUT": "retryable",

@@ -26,7 +26,7 @@ from .errors import (
     StepOutputInvalidError,
 )
 from .jsonvalue import json_roundtrip
-from .model import JsonValue, StepRecord
+from .model import JsonValue, StepKind, StepRecord
 from .protocol import EventBus
 from .signal import AbortController, AbortSignal
 
@@ -45,6 +45,13 @@ class StepSuspension(BaseException):
         self.resume_at = resume_at
         self.reason = reason
 
+
+_CALL_OF: dict[StepKind, str] = {
+    "run": "step.run",
+    "sleep": "step.sleep",
+    "wait": "step.wait_for_event",
+}
+"""The call that takes each kind of step, for messages that name both kinds."""
 
 StepStore: TypeAlias = Callable[[StepRecord], Awaitable[bool]]
 """Persists one step, fenced on the attempt's claim; answers False when the claim no longer
@@ -84,7 +91,7 @@ class Step:
     def records(self) -> Mapping[str, StepRecord]:
         return self._steps
 
-    def _enter(self, name: str) -> StepRecord | None:
+    def _enter(self, name: str, kind: StepKind) -> StepRecord | None:
         if not isinstance(name, str) or not name or "\x00" in name:
             # Checked before the step runs: a name no store can hold (Postgres text holds no NUL)
             # would otherwise fail the save after the step's side effect, on every attempt.
@@ -108,9 +115,20 @@ class Step:
         held = self._steps.get(name)
         if held is None:
             self._started[name] = self._allocate_seq()
+        elif held.kind is not None and held.kind != kind:
+            # The run's code changed between attempts and reused the name for another kind of
+            # step: replaying that record would hand this step a value it never produced.
+            raise StepDuplicateError(
+                f"step {name!r} is a {kind!r} step ({_CALL_OF[kind]}) but this run stored a "
+                f"{held.kind!r} step ({_CALL_OF[held.kind]}) under that name; step names are the "
+                "replay key and one name holds one kind of step — give the new step a new name",
+                meta={"step": name, "kind": kind, "stored_kind": held.kind},
+            )
         return held
 
-    async def _save(self, name: str, output: JsonValue, *, completed: bool = True) -> None:
+    async def _save(
+        self, name: str, kind: StepKind, output: JsonValue, *, completed: bool = True
+    ) -> None:
         if self._signal.aborted:
             raise JobAbortedError(
                 f"step {name!r} finished after the attempt was aborted; its result is discarded",
@@ -122,6 +140,7 @@ class Step:
             seq=held.seq if held is not None else self._started[name],
             output=output,
             completed=completed,
+            kind=kind,
         )
         if not await self._store(record):
             if self._signal.aborted:
@@ -144,7 +163,7 @@ class Step:
         a sync ``fn`` runs in a thread. With the job's ``step_timeout``, the step's signal
         aborts at the ceiling and the step fails with ``X_JOB_TIMEOUT``.
         """
-        held = self._enter(name)
+        held = self._enter(name, "run")
         if held is not None and held.completed:
             self.trace.append((name, "replayed"))
             return held.output
@@ -167,7 +186,7 @@ class Step:
                 f"step {name!r} returned a value that cannot be stored as JSON: {exc}",
                 meta={"step": name},
             ) from exc
-        await self._save(name, output)
+        await self._save(name, "run", output)
         self.trace.append((name, "ran"))
         return output
 
@@ -211,11 +230,11 @@ class Step:
             name, seconds = f"sleep:{name_or_duration}", parse_duration(name_or_duration)
         else:
             name, seconds = str(name_or_duration), parse_duration(duration)
-        held = self._enter(name)
+        held = self._enter(name, "sleep")
         now = self._clock.now()
         if held is None:
             until = now + timedelta(seconds=max(0.0, seconds))
-            await self._save(name, {"until": until.isoformat()})
+            await self._save(name, "sleep", {"until": until.isoformat()})
         else:
             until = datetime.fromisoformat(held.output["until"])
         if now >= until:
@@ -240,7 +259,7 @@ class Step:
         The wait is stamped on the bus's clock and a timeout is declared on that clock too,
         after one last look — a worker whose clock runs ahead never gives up early.
         """
-        held = self._enter(name)
+        held = self._enter(name, "wait")
         if held is not None and held.completed:
             self.trace.append((name, "replayed"))
             return _event_outcome(name, held.output, required)
@@ -256,7 +275,7 @@ class Step:
                 "since": since.isoformat(),
                 "deadline": deadline.isoformat() if deadline is not None else None,
             }
-            await self._save(name, waiting, completed=False)
+            await self._save(name, "wait", waiting, completed=False)
         else:
             since = datetime.fromisoformat(held.output["since"])
             raw_deadline = held.output.get("deadline")
@@ -265,12 +284,12 @@ class Step:
         if found is None and deadline is not None and await self._events.now() >= deadline:
             found = await self._events.lookup(event, since=since, match=match)
             if found is None:
-                await self._save(name, {"timed_out": True})
+                await self._save(name, "wait", {"timed_out": True})
                 self.trace.append((name, "ran"))
                 return _event_outcome(name, {"timed_out": True}, required)
         if found is not None:
             output = {"event_id": found.id, "payload": found.payload}
-            await self._save(name, output)
+            await self._save(name, "wait", output)
             self.trace.append((name, "ran"))
             return found.payload
         now = self._clock.now()

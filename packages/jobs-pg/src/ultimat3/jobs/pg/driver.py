@@ -298,6 +298,7 @@ class PostgresJobDriver:
                 "seq": step.seq,
                 "output": dump_json(step.output),
                 "completed": step.completed,
+                "kind": step.kind,
                 "now": self._clock.now(),
             },
             idempotent=True,

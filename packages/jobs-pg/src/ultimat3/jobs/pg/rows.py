@@ -20,6 +20,7 @@ from ultimat3.jobs.core.model import (
     JsonValue,
     Progress,
     StepRecord,
+    stored_step_kind,
 )
 
 __all__ = [
@@ -109,8 +110,13 @@ def _progress(raw: Mapping[str, Any] | None) -> Progress | None:
     return Progress(done=raw["done"], total=raw.get("total"), note=raw.get("note"))
 
 
-def step_record(name: str, seq: int, output: JsonValue, completed: bool) -> StepRecord:
-    return StepRecord(name=name, seq=seq, output=output, completed=completed)
+def step_record(
+    name: str, seq: int, output: JsonValue, completed: bool, kind: str | None
+) -> StepRecord:
+    """A row of x_job_steps; ``kind`` is NULL on steps stored before the column existed."""
+    return StepRecord(
+        name=name, seq=seq, output=output, completed=completed, kind=stored_step_kind(kind)
+    )
 
 
 loads = json.loads

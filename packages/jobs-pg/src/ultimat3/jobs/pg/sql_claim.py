@@ -23,7 +23,8 @@ SQL_CLAIM = """
 --   when fewer than the queue's limit of taken rows precede it;
 -- * each taken row is running under (worker_id, a fresh claim token of its own) until
 --   lease_until, its attempt raised
---   by one, and comes back with the steps its run already stored (no statement per job).
+--   by one, and comes back with the steps its run already stored (no statement per job),
+--   each with its kind so a replay can refuse a record another kind of step wrote.
 --
 -- Why the CTEs: the candidates must be chosen and locked with a LIMIT before anything is
 -- updated, or the planner may update more rows than the limit. The window over the locked
@@ -154,7 +155,7 @@ counted as (
 select 'running' as state, t.id, t.run_id, t.name, t.queue, t.input::text, t.idempotency_key,
        t.tenant_id, t.attempt, t.max_attempts, t.run_at, t.created_at, t.enqueued_by,
        t.traceparent, t.claim,
-       (select json_agg(json_build_array(s.name, s.seq, s.output, s.completed))::text
+       (select json_agg(json_build_array(s.name, s.seq, s.output, s.completed, s.kind))::text
         from x_job_steps s
         where s.run_id = t.run_id) as steps
 from taken t

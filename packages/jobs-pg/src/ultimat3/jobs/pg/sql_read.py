@@ -75,8 +75,8 @@ where id = %(id)s
 """
 
 SQL_JOB_STEPS = """
--- Parameters: run_id. The steps a run stored, in the order they started.
-select name, seq, output, completed
+-- Parameters: run_id. The steps a run stored, in the order they started, each with its kind.
+select name, seq, output, completed, kind
 from x_job_steps
 where run_id = %(run_id)s
 order by seq, name

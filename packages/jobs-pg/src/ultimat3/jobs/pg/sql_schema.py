@@ -90,6 +90,12 @@ create table if not exists x_job_steps (
     primary key (run_id, name)
 );
 
+-- Which call wrote the step, so a replay refuses a record another kind of step wrote under its
+-- name. Added after the table, for databases made before it; NULL on the rows stored then, which
+-- any kind of step replays.
+alter table x_job_steps
+    add column if not exists kind text check (kind in ('run', 'sleep', 'wait'));
+
 -- Fleet-wide concurrency slots: one row per holder of a key, expiring unless renewed.
 -- slot_order is the order holders acquired in ("slot order").
 create table if not exists x_job_leases (

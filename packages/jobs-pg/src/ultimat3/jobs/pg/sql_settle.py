@@ -156,7 +156,9 @@ returning j.id
 
 SQL_SAVE_STEP = """
 -- Parameters: job_id, worker_id, claim (the fence), run_id, name, seq, output (JSON text),
--- completed, now.
+-- completed, kind ('run' | 'sleep' | 'wait'), now.
+-- kind is stored with the step (and replaced with it) so a replay can refuse a record that
+-- another kind of step wrote under the same name.
 -- Guarantees: the step is written only while the job is running under this claim. The job row
 -- is share-locked while the step is written, so a cancel or a settle either happened before
 -- (and nothing is written) or waits until the step is in.
@@ -169,13 +171,14 @@ with owner as (
       and claim = %(claim)s
     for share
 )
-insert into x_job_steps as s (run_id, name, seq, output, completed, saved_at)
-select %(run_id)s, %(name)s, %(seq)s, %(output)s::json, %(completed)s, %(now)s
+insert into x_job_steps as s (run_id, name, seq, output, completed, kind, saved_at)
+select %(run_id)s, %(name)s, %(seq)s, %(output)s::json, %(completed)s, %(kind)s, %(now)s
 from owner
 on conflict (run_id, name) do update
 set seq = excluded.seq,
     output = excluded.output,
     completed = excluded.completed,
+    kind = excluded.kind,
     saved_at = excluded.saved_at
 returning 1
 """

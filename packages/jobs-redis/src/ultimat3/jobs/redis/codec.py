@@ -23,6 +23,7 @@ from ultimat3.jobs.core.model import (
     JsonValue,
     Progress,
     StepRecord,
+    stored_step_kind,
 )
 
 __all__ = [
@@ -105,15 +106,26 @@ def fields(flat: Sequence[str]) -> dict[str, str]:
 
 
 def encode_step(step: StepRecord) -> str:
-    return f"{step.seq} {1 if step.completed else 0} {json_text(step.output)}"
+    """``"<seq> <completed 1|0> <kind> <output json>"``; a step without a kind keeps the form
+    steps were stored in before they carried one, ``"<seq> <completed 1|0> <output json>"``."""
+    kind = "" if step.kind is None else f"{step.kind} "
+    return f"{step.seq} {1 if step.completed else 0} {kind}{json_text(step.output)}"
 
 
 def decode_steps(flat: Sequence[str]) -> dict[str, StepRecord]:
     steps: dict[str, StepRecord] = {}
     for name, stored in fields(flat).items():
-        seq, completed, output = stored.split(" ", 2)
+        seq, completed, rest = stored.split(" ", 2)
+        # No JSON text begins with the word run, sleep or wait: a rest that does not open with a
+        # kind is a step stored before steps carried theirs, and all of it is the output.
+        word, _, output = rest.partition(" ")
+        kind = stored_step_kind(word)
         steps[name] = StepRecord(
-            name=name, seq=int(seq), output=json.loads(output), completed=completed == "1"
+            name=name,
+            seq=int(seq),
+            output=json.loads(rest if kind is None else output),
+            completed=completed == "1",
+            kind=kind,
         )
     return steps
 

@@ -42,9 +42,11 @@ from ultimat3.jobs.core import (
     JobRow,
     JobState,
     NackOptions,
+    StepKind,
     StepRecord,
     new_id,
 )
+from ultimat3.jobs.core.model import STEP_KINDS
 
 from ..reference import ReferenceQueue
 from .target import Conformance, TargetFactory, open_conformance
@@ -398,12 +400,19 @@ class _DriverMachine(RuleBasedStateMachine):
         seq=st.integers(min_value=0, max_value=3),
         output=st.none() | st.integers(min_value=-5, max_value=5) | st.just({"k": [1, None]}),
         completed=st.booleans(),
+        kind=st.sampled_from([None, *STEP_KINDS]),
     )
     def save_step(
-        self, data: st.DataObject, name: str, seq: int, output: object, completed: bool
+        self,
+        data: st.DataObject,
+        name: str,
+        seq: int,
+        output: object,
+        completed: bool,
+        kind: StepKind | None,
     ) -> None:
         job = self._pick_claim(data)
-        step = StepRecord(name, seq, output, completed)
+        step = StepRecord(name, seq, output, completed, kind)
         got = self._run(self.jobs.driver.save_step(job.id, job.claim, job.run_id, step))
         want = self.model.save_step(job.id, job.claim, job.run_id, step)
         _same(f"save_step({job.id}, {job.claim!r}, {step!r})", got, want)

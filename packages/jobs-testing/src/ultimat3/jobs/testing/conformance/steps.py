@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ultimat3.jobs.core import ClaimRef, StepRecord
-from ultimat3.jobs.core.model import JsonValue
+from ultimat3.jobs.core.model import STEP_KINDS, JsonValue
 
 from .target import Conformance
 
@@ -17,6 +17,21 @@ class StepRules:
         assert await jobs.driver.save_step(held.id, held.claim, held.run_id, step)
         assert await jobs.nack(held, error="boom")
         assert (await jobs.claim_one(held.queue)).steps == {"provision": step}
+
+    async def test_a_saved_steps_kind_comes_back_on_the_next_claim(self, jobs: Conformance) -> None:
+        """The kind is what lets a replay refuse a record another kind of step wrote; a step
+        stored before steps carried one comes back without it."""
+        held = await jobs.running()
+        steps: dict[str, StepRecord] = {
+            kind: StepRecord(kind, seq, {"kind": kind}, completed=kind != "wait", kind=kind)
+            for seq, kind in enumerate(STEP_KINDS)
+        }
+        steps["kindless"] = StepRecord("kindless", len(steps), "stored before kinds")
+        for step in steps.values():
+            assert await jobs.driver.save_step(held.id, held.claim, held.run_id, step)
+        assert await jobs.nack(held)
+        assert dict((await jobs.claim_one(held.queue)).steps) == steps
+        assert list((await jobs.detail(held.id)).steps) == list(steps.values())
 
     async def test_steps_come_back_after_a_lapsed_lease(self, jobs: Conformance) -> None:
         held = await jobs.running()
@@ -35,8 +50,9 @@ class StepRules:
 
     async def test_save_step_replaces_a_step_of_the_same_name(self, jobs: Conformance) -> None:
         held = await jobs.running()
+        # A wait opened before steps carried their kind is answered by code that stores one.
         waiting = StepRecord("wait", 0, {"since": "t0"}, completed=False)
-        answered = StepRecord("wait", 0, {"payload": {"ok": True}})
+        answered = StepRecord("wait", 0, {"payload": {"ok": True}}, kind="wait")
         assert await jobs.driver.save_step(held.id, held.claim, held.run_id, waiting)
         assert await jobs.driver.save_step(held.id, held.claim, held.run_id, answered)
         assert await jobs.nack(held)
