@@ -24,6 +24,8 @@ from ultimat3.jobs.redis.codec import to_us
 RequestBuilder = Callable[..., EnqueueRequest]
 
 DAY = timedelta(days=1)
+PER_NAME = {"ctr:job", "ctridx:job", "ctrlen:job", "ctrnames"}
+"""What a job NAME keeps: its counter buckets, their index and field count, the name set."""
 
 
 async def _done(driver: RedisJobDriver, request: RequestBuilder, *, with_step: bool = True) -> str:
@@ -158,8 +160,8 @@ async def test_expired_rows_leave_no_key_and_no_index_entry_behind(
     clock.advance(8 * DAY)
     await driver.claim(worker_id="w", slots={"q": 1}, visibility_timeout=30)
     left = await _keys(driver) - before
-    # What stays is per job NAME (its counter buckets and the name set), never per row.
-    assert {key.removeprefix(driver.namespace.base) for key in left} <= {"ctr:job", "ctrnames"}
+    # What stays is per job NAME, never per row.
+    assert {key.removeprefix(driver.namespace.base) for key in left} <= PER_NAME
 
 
 async def test_a_row_whose_hash_vanished_is_still_swept_cleanly(
@@ -172,7 +174,7 @@ async def test_a_row_whose_hash_vanished_is_still_swept_cleanly(
     clock.advance(8 * DAY)
     await driver.claim(worker_id="w", slots={"q": 1}, visibility_timeout=30)
     left = {k.removeprefix(driver.namespace.base) for k in await _keys(driver)}
-    assert left <= {"ctr:job", "ctrnames"}
+    assert left <= PER_NAME
     assert not await driver.client.hexists(driver.namespace.key("runs"), detail.row.run_id)
 
 
@@ -211,6 +213,7 @@ async def test_counter_buckets_fold_and_age_out_so_a_name_holds_a_bounded_hash(
     await driver.introspect.rollup_counters()
     assert await driver.client.hlen(driver.namespace.key("ctr:job")) == 0
     assert await driver.client.smembers(driver.namespace.key("ctrnames")) == set()
+    assert await driver.client.exists(*(driver.namespace.key(k) for k in PER_NAME)) == 0
 
 
 async def test_expired_events_leave_nothing_once_purged(driver: RedisJobDriver) -> None:

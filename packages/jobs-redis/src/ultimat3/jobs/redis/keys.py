@@ -21,6 +21,8 @@ key (after the base)              type     holds
 ``q:<queue>:woken``               string   a wake for the queue no claim has read yet (1 s)
 ``paused``, ``pausedtasks``       set      paused queues, paused tasks
 ``ctr:<job>``, ``ctrnames``       hash     one job's counter buckets; names having any
+``ctridx:<job>``                  zset     its buckets "<width>:<start>", by width*10^10+start
+``ctrlen:<job>``                  string   how many of its fields ``ctridx`` accounts for
 ``workers``, ``workers:exp``      hash     live worker rows; zset of their expiry
 ``taskfires``                     hash     task -> "<occurrence ms> <fired_at>"
 ``watermarks``                    hash     the scheduler's task -> occurrence ms

@@ -53,6 +53,7 @@ SCRIPT_NAMES = (
     "record_worker",
     "workers",
     "task_fire",
+    "counters_due",
     "counters_swap",
     "lease",
     "backfill",
@@ -74,6 +75,7 @@ REPEATABLE = frozenset(
         "record_worker",
         "lease",  # a holder that got its slot keeps it; release and renew are idempotent
         "task_fire",
+        "counters_due",  # a rebuilt index is rebuilt the same
         "backfill",  # begin adopts the row the first run opened
     }
 )

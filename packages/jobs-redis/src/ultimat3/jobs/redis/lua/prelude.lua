@@ -31,6 +31,11 @@ local WAKE_HOLD_MS = 1000
 local function k_job(id) return B .. 'job:' .. id end
 local function k_steps(run) return B .. 'steps:' .. run end
 local function k_ctr(name) return B .. 'ctr:' .. name end
+-- Beside each counter hash: the index of its buckets (zset, member "<width>:<start>", score
+-- `ctr_score`), and how many of the hash's fields that index accounts for (string). A rollup
+-- reads the index, never the whole hash (see counters_due.lua).
+local function k_ctr_index(name) return B .. 'ctridx:' .. name end
+local function k_ctr_len(name) return B .. 'ctrlen:' .. name end
 -- Per queue: one zset per state (score created_at), the due index (score run_at), the lease
 -- index (score lease_until), the expiry index of done rows (score finished_at) and the wake flag.
 local function k_state(q, s) return B .. 'q:' .. q .. ':s:' .. s end
@@ -71,10 +76,24 @@ local function count(name, kind, duration)
   if duration ~= nil and duration ~= '' then per.ms = (per.ms or 0) + tonumber(duration) end
 end
 
+-- A bucket's index score: its width * CTR_TIER + its start (seconds, below CTR_TIER until the
+-- year 2286), so each tier is a score range of its own, ordered by start.
+local CTR_TIER = 10000000000
+local function ctr_score(bucket)
+  local width, start = string.match(bucket, '^(%d+):(%d+)$')
+  return string.format('%d', tonumber(width) * CTR_TIER + tonumber(start))
+end
+
+-- A HINCRBY answering exactly n created its field: the bucket goes into the index (again, for
+-- a second kind) and the field count moves. (A field found at 0 counts twice: the next rollup
+-- sees the count off and indexes the hash again.)
 local function flush_counts()
   for name, per in pairs(COUNTS) do
     for kind, n in pairs(per) do
-      if n ~= 0 then redis.call('HINCRBY', k_ctr(name), CTR_BUCKET .. ':' .. kind, n) end
+      if n ~= 0 and redis.call('HINCRBY', k_ctr(name), CTR_BUCKET .. ':' .. kind, n) == n then
+        redis.call('ZADD', k_ctr_index(name), ctr_score(CTR_BUCKET), CTR_BUCKET)
+        redis.call('INCR', k_ctr_len(name))
+      end
     end
     redis.call('SADD', K_CTR_NAMES, name)
   end
