@@ -65,8 +65,13 @@ def read_optional(value: str) -> str | None:
     return None if value == "" else value[1:]
 
 
+_JSON = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+"""One encoder for every call: ``json.dumps`` with options builds a new one each time, which
+cost more than encoding an enqueue's input (two per enqueue: the input and the live key)."""
+
+
 def json_text(value: JsonValue) -> str:
-    return json.dumps(value, separators=(",", ":"), allow_nan=False)
+    return _JSON.encode(value)
 
 
 def live_key(name: str, tenant_id: str | None, idempotency_key: str) -> str:
