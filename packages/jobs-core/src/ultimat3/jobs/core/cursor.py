@@ -29,7 +29,10 @@ def parse_cursor(cursor: str, *, which: Literal["after", "before"]) -> tuple[dat
         padded = cursor + "=" * (-len(cursor) % 4)
         version, created, job_id = json.loads(base64.urlsafe_b64decode(padded.encode()))
         at = datetime.fromisoformat(created)
-        if version != _VERSION or not isinstance(job_id, str) or at.tzinfo is None:
+        # No page produced an id holding NUL: no store can hold one.
+        if version != _VERSION or not isinstance(job_id, str) or "\x00" in job_id:
+            raise ValueError(cursor)
+        if at.tzinfo is None:
             raise ValueError(cursor)
     except (ValueError, TypeError, binascii.Error, UnicodeDecodeError) as exc:
         raise JobPageInvalidError(

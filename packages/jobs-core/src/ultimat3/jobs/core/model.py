@@ -12,6 +12,8 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, Literal, Self, TypeAlias
 
+from .errors import InvariantError
+
 __all__ = [
     "COUNTER_KINDS",
     "LEASE_LAPSED_FINAL_ATTEMPT",
@@ -48,6 +50,7 @@ __all__ = [
     "TaskFire",
     "WorkerInfo",
     "claim_of",
+    "job_state",
     "stored_step_kind",
 ]
 
@@ -68,6 +71,18 @@ class JobState(StrEnum):
     FAILED = "failed"
     DEAD = "dead"
     CANCELLED = "cancelled"
+
+
+def job_state(value: JobState | str) -> JobState:
+    """``value`` as a member: a filter built from a CLI argument or JSON names its state as a
+    string, and every driver compares members."""
+    try:
+        return JobState(value)
+    except ValueError:
+        raise InvariantError(
+            f"state={value!r} is not a job state; use one of {', '.join(JobState)}",
+            meta={"field": "state", "value": str(value)[:80]},
+        ) from None
 
 
 LIVE_STATES = frozenset({JobState.READY, JobState.DELAYED, JobState.RUNNING, JobState.SUSPENDED})
@@ -311,6 +326,10 @@ class JobFilter:
     after: str | None = None
     before: str | None = None
 
+    def __post_init__(self) -> None:
+        if self.state is not None:
+            object.__setattr__(self, "state", job_state(self.state))
+
 
 @dataclass(frozen=True, slots=True)
 class JobPage:
@@ -329,6 +348,9 @@ class BulkFilter:
     queue: str | None = None
     name: str | None = None
     tenant_id: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "state", job_state(self.state))
 
 
 @dataclass(frozen=True, slots=True)

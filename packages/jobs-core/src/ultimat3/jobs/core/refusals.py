@@ -80,7 +80,7 @@ def cancel_note(reason: str | None) -> str:
 
 
 def check_requeue_many(filter: BulkFilter) -> None:
-    state = JobState(filter.state)
+    state = filter.state
     if state not in REQUEUEABLE_STATES:
         raise JobNotRequeueableError(
             f"requeue_many moves finished rows; {state.value} is live",
@@ -89,14 +89,14 @@ def check_requeue_many(filter: BulkFilter) -> None:
 
 
 def check_remove_many(filter: BulkFilter) -> None:
-    if JobState(filter.state) is JobState.RUNNING:
+    if filter.state is JobState.RUNNING:
         raise JobNotRemovableError(
             "running rows cannot be removed; cancel them first", meta={"state": "running"}
         )
 
 
 def check_promote_many(filter: BulkFilter) -> None:
-    state = JobState(filter.state)
+    state = filter.state
     if state not in PROMOTABLE_STATES:
         raise JobNotPromotableError(
             f"promote_many moves delayed or ready rows, not {state.value}",

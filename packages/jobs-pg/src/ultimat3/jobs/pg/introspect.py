@@ -70,6 +70,12 @@ __all__ = ["PostgresIntrospection"]
 _BULK_RETRIES = 5
 
 
+def _unstorable(*texts: str | None) -> bool:
+    """Whether a text holds NUL, which no Postgres text column can: an id or filter holding one
+    names no row (the other drivers find none), where sending it would raise a driver error."""
+    return any(text is not None and "\x00" in text for text in texts)
+
+
 class PostgresIntrospection:
     def __init__(self, executor: PgExecutor, clock: Clock) -> None:
         self._executor = executor
@@ -82,10 +88,12 @@ class PostgresIntrospection:
 
     async def list(self, filter: JobFilter) -> JobPage:
         limit = page_limit(filter)
+        if _unstorable(filter.queue, filter.name, filter.tenant_id, filter.id_prefix):
+            return JobPage(rows=[], limit=limit)
         params: dict[str, Any] = {
             "queue": filter.queue,
             "name": filter.name,
-            "state": None if filter.state is None else JobState(filter.state).value,
+            "state": None if filter.state is None else filter.state.value,
             "tenant_id": filter.tenant_id,
             "id_prefix": filter.id_prefix,
             "created_from": filter.created_from,
@@ -104,6 +112,8 @@ class PostgresIntrospection:
         return JobPage(rows=[job_row(row) for row in rows], limit=limit)
 
     async def get(self, job_id: str) -> JobDetail | None:
+        if _unstorable(job_id):
+            return None
         rows = await self._executor.fetch_dicts(SQL_JOB_GET, {"id": job_id}, idempotent=True)
         if not rows:
             return None
@@ -114,6 +124,8 @@ class PostgresIntrospection:
     # -- one row ---------------------------------------------------------------------------
 
     async def remove(self, job_id: str) -> bool:
+        if _unstorable(job_id):
+            return False
         rows = await self._executor.fetch(SQL_JOB_REMOVE, {"id": job_id})
         if not rows:
             return False
@@ -122,6 +134,10 @@ class PostgresIntrospection:
         return True
 
     async def requeue(self, job_id: str, *, from_step: str | None = None) -> JobRow:
+        if _unstorable(job_id):
+            raise refusals.job_not_found(job_id)
+        if _unstorable(from_step):
+            raise refusals.step_not_found(job_id, from_step)
         params = {"id": job_id, "from_step": from_step, "now": self._clock.now()}
         try:
             rows = await self._executor.fetch_dicts(SQL_JOB_REQUEUE, params)
@@ -140,11 +156,15 @@ class PostgresIntrospection:
         return job_row(answer)
 
     async def cancel(self, job_id: str, reason: str | None = None) -> JobRow | None:
+        if _unstorable(job_id):
+            return None
         params = {"id": job_id, "error": refusals.cancel_note(reason), "now": self._clock.now()}
         rows = await self._executor.fetch_dicts(SQL_JOB_CANCEL, params)
         return job_row(rows[0]) if rows else None
 
     async def promote(self, job_id: str) -> JobRow:
+        if _unstorable(job_id):
+            raise refusals.job_not_found(job_id)
         rows = await self._executor.fetch_dicts(
             SQL_JOB_PROMOTE, {"id": job_id, "now": self._clock.now()}
         )
@@ -159,6 +179,8 @@ class PostgresIntrospection:
 
     async def requeue_many(self, filter: BulkFilter) -> BulkResult:
         refusals.check_requeue_many(filter)
+        if _unstorable(filter.queue, filter.name, filter.tenant_id):
+            return BulkResult(affected=0, remaining=0)
         params = {**_bulk_params(filter), "now": self._clock.now()}
         for _ in range(_BULK_RETRIES):
             try:
@@ -171,12 +193,16 @@ class PostgresIntrospection:
 
     async def remove_many(self, filter: BulkFilter) -> BulkResult:
         refusals.check_remove_many(filter)
+        if _unstorable(filter.queue, filter.name, filter.tenant_id):
+            return BulkResult(affected=0, remaining=0)
         rows = await self._executor.fetch(SQL_REMOVE_MANY, _bulk_params(filter))
         affected, remaining = rows[0]
         return BulkResult(affected=affected, remaining=remaining)
 
     async def promote_many(self, filter: BulkFilter) -> BulkResult:
         refusals.check_promote_many(filter)
+        if _unstorable(filter.queue, filter.name, filter.tenant_id):
+            return BulkResult(affected=0, remaining=0)
         params = {**_bulk_params(filter), "now": self._clock.now()}
         rows = await self._executor.fetch(SQL_PROMOTE_MANY, params)
         affected, remaining, _ = rows[0]
@@ -320,7 +346,7 @@ class PostgresIntrospection:
 
 def _bulk_params(filter: BulkFilter) -> dict[str, Any]:
     return {
-        "state": JobState(filter.state).value,
+        "state": filter.state.value,
         "queue": filter.queue,
         "name": filter.name,
         "tenant_id": filter.tenant_id,

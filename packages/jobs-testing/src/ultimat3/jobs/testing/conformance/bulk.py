@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -13,6 +13,7 @@ from ultimat3.jobs.core import (
     MAX_BULK_ROWS,
     BulkFilter,
     BulkResult,
+    InvariantError,
     JobNotPromotableError,
     JobNotRemovableError,
     JobNotRequeueableError,
@@ -48,6 +49,18 @@ class BulkRules:
         narrow = BulkFilter(state=JobState.CANCELLED, queue="a", name="n", tenant_id="org-1")
         assert await jobs.introspect.requeue_many(narrow) == BulkResult(1, 0)
         assert await jobs.claimed_ids("a", slots=5) == [wanted]
+
+    async def test_a_state_named_by_its_string_moves_the_rows_of_that_state(
+        self, jobs: Conformance
+    ) -> None:
+        """A filter built from a CLI argument or JSON names its state as a string; one naming
+        no state is refused before anything moves."""
+        ids = await _cancelled(jobs, 2)
+        with pytest.raises(InvariantError):
+            BulkFilter(state=cast(JobState, "canceled"))
+        result = await jobs.introspect.requeue_many(BulkFilter(state=cast(JobState, "cancelled")))
+        assert result == BulkResult(affected=2, remaining=0)
+        assert sorted(await jobs.claimed_ids(slots=5)) == sorted(ids)
 
     async def test_requeue_many_refuses_a_live_state(self, jobs: Conformance) -> None:
         for state in (JobState.READY, JobState.DELAYED, JobState.RUNNING, JobState.SUSPENDED):

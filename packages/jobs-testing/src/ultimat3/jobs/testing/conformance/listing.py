@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import pytest
 
 from ultimat3.jobs.core import (
@@ -133,6 +135,14 @@ class ListingRules:
         await jobs.enqueue()
         delayed = await jobs.enqueue(delay=60)
         assert await _ids(jobs, JobFilter(state=JobState.DELAYED)) == [delayed.id]
+
+    async def test_a_state_named_by_its_string_filters_as_the_state(
+        self, jobs: Conformance
+    ) -> None:
+        """A filter built from a CLI argument or JSON names its state as a string."""
+        await jobs.enqueue()
+        delayed = await jobs.enqueue(delay=60)
+        assert await _ids(jobs, JobFilter(state=cast(JobState, "delayed"))) == [delayed.id]
 
     async def test_list_filters_by_tenant(self, jobs: Conformance) -> None:
         await jobs.enqueue(tenant="org-a")

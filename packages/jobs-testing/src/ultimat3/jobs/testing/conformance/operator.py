@@ -2,20 +2,26 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
 from ultimat3.jobs.core import (
+    BulkFilter,
+    BulkResult,
     ClaimedJob,
     JobDuplicateError,
+    JobFilter,
     JobNotFoundError,
     JobNotPromotableError,
     JobNotRemovableError,
     JobNotRequeueableError,
+    JobPageInvalidError,
     JobState,
     Progress,
     StepRecord,
+    job_cursor,
 )
 
 from .target import Conformance
@@ -241,3 +247,23 @@ class OperatorRules:
     async def test_promote_of_an_unknown_id_is_not_found(self, jobs: Conformance) -> None:
         with pytest.raises(JobNotFoundError):
             await jobs.introspect.promote(_UNKNOWN)
+
+    async def test_an_id_or_filter_holding_nul_names_no_row(self, jobs: Conformance) -> None:
+        """No store holds NUL (Postgres text cannot): such an id is not found, such a filter
+        matches nothing, and a cursor naming one was not produced by a page."""
+        queued = await jobs.enqueue(queue="q")
+        held = queued.id + "\x00"
+        assert await jobs.introspect.get(held) is None
+        assert await jobs.introspect.remove(held) is False
+        assert await jobs.introspect.cancel(held) is None
+        for action in (jobs.introspect.requeue, jobs.introspect.promote):
+            with pytest.raises(JobNotFoundError):
+                await action(held)
+        for narrowed in (JobFilter(queue="q\x00"), JobFilter(id_prefix=queued.id[:8] + "\x00")):
+            assert (await jobs.introspect.list(narrowed)).rows == []
+        bulk = BulkFilter(state=JobState.READY, queue="q\x00")
+        assert await jobs.introspect.promote_many(bulk) == BulkResult(affected=0, remaining=0)
+        (row,) = (await jobs.introspect.list(JobFilter(queue="q"))).rows
+        with pytest.raises(JobPageInvalidError):
+            await jobs.introspect.list(JobFilter(after=job_cursor(replace(row, id=held))))
+        assert [r.id for r in (await jobs.introspect.list(JobFilter())).rows] == [queued.id]
