@@ -107,6 +107,28 @@ async def test_the_queue_gauges_are_read_from_the_driver_stats(
     assert sample(registry, "queue_dead_jobs", queue="gauged") == 0
 
 
+async def test_a_queue_emptied_since_the_last_read_reads_zero(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    """An operator removed every row: stats() no longer lists the queue, and its gauges must not
+    keep the last values (an oldest-ready alert would fire on for an empty queue)."""
+    registry = CollectorRegistry()
+    metrics = JobMetrics(registry=registry)
+
+    @job(input=Item, idempotency_key=lambda i: f"emptied:{i.n}", tenant="none", queue="emptied")
+    async def emptied(*, input: Item) -> None:
+        return None
+
+    queued = await emptied.enqueue(Item(1))
+    clock.advance(600)
+    await observe_queues(driver, metrics)
+    assert sample(registry, "queue_oldest_ready_seconds", queue="emptied") == 600
+    assert await driver.introspect.remove(queued.id)
+    await observe_queues(driver, metrics)
+    for gauge in ("queue_depth", "queue_oldest_ready_seconds", "queue_dead_jobs"):
+        assert sample(registry, gauge, queue="emptied") == 0
+
+
 def test_lost_leases_count_per_queue() -> None:
     registry = CollectorRegistry()
     metrics = JobMetrics(registry=registry)

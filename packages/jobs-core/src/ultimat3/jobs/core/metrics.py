@@ -93,6 +93,8 @@ class JobMetrics:
                 "queue_dead_jobs", "Rows in the dead-letter queue", ["queue"], **where
             )
         self._settled: dict[tuple[str, str], Any] = {}
+        self._observed: set[str] = set()
+        """Queues a read has shown: one a later read no longer shows holds no row at all."""
 
     def settled(self, queue: str, outcome: JobOutcome, count: int = 1) -> None:
         """``count`` attempts of ``queue`` ended with ``outcome``."""
@@ -108,13 +110,22 @@ class JobMetrics:
         self.leases_lost.labels(queue).inc()
 
     def observe(self, stats: Iterable[QueueStats], now: datetime) -> None:
+        """Set the queue gauges from one stats read. A queue it no longer lists (emptied by an
+        operator or by retention) reads 0: its last values would otherwise stay, and an alert on
+        the oldest ready row would keep firing for a queue with nothing in it."""
+        listed: set[str] = set()
         for queue in stats:
+            listed.add(queue.queue)
             self.depth.labels(queue.queue).set(queue.depth)
             self.dead.labels(queue.queue).set(queue.dead)
             age = 0.0
             if queue.oldest_ready_at is not None:
                 age = max(0.0, (now - queue.oldest_ready_at).total_seconds())
             self.oldest_ready.labels(queue.queue).set(age)
+        for emptied in self._observed - listed:
+            for gauge in (self.depth, self.dead, self.oldest_ready):
+                gauge.labels(emptied).set(0)
+        self._observed |= listed
 
 
 _default: JobMetrics | None = None
