@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import pytest
 
-from ultimat3.jobs.core import Retry, cli, job
+from ultimat3.jobs.core import JobFilter, Retry, cli, job
 from ultimat3.jobs.core.memory import MemoryJobDriver
 
 
@@ -56,6 +57,52 @@ def test_jobs_list_json_pages_newest_first(
     code, page = run(capsys, "jobs", "list", "--limit", "2", "--json")
     assert code == 0
     assert [row["id"] for row in page["rows"]] == [ids[2], ids[1]]
+
+
+def test_jobs_list_json_carries_the_cursors_of_the_next_and_previous_pages(
+    use_driver: MemoryJobDriver, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import asyncio
+
+    ids = [asyncio.run(enqueue(n)) for n in ("h", "i", "j")]
+    code, first = run(capsys, "jobs", "list", "--limit", "2", "--json")
+    assert (code, first["last"]) == (0, False)
+    code, second = run(
+        capsys, "jobs", "list", "--limit", "2", "--after", first["next_after"], "--json"
+    )
+    assert ([row["id"] for row in second["rows"]], second["last"]) == ([ids[0]], True)
+    code, back = run(
+        capsys, "jobs", "list", "--limit", "2", "--before", second["prev_before"], "--json"
+    )
+    assert [row["id"] for row in back["rows"]] == [ids[2], ids[1]]
+
+
+def test_jobs_list_filters_by_created_window(
+    use_driver: MemoryJobDriver, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import asyncio
+
+    job_id = asyncio.run(enqueue("k"))
+    (row,) = asyncio.run(use_driver.introspect.list(JobFilter())).rows
+    at, later = row.created_at.isoformat(), (row.created_at + timedelta(seconds=1)).isoformat()
+    code, page = run(capsys, "jobs", "list", "--created-from", at, "--created-to", later, "--json")
+    assert (code, [r["id"] for r in page["rows"]]) == (0, [job_id])
+    code, page = run(capsys, "jobs", "list", "--created-from", later, "--json")
+    assert (code, page["rows"]) == (0, [])
+    with pytest.raises(SystemExit):
+        cli.main(["--url", "memory://", "jobs", "list", "--created-from", "2026-01-01T00:00:00"])
+
+
+def test_removing_an_unknown_id_answers_not_found(
+    use_driver: MemoryJobDriver, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import asyncio
+
+    code, answer = run(capsys, "jobs", "remove", "nope", "--json")
+    assert (code, answer["code"]) == (1, "X_JOB_NOT_FOUND")
+    job_id = asyncio.run(enqueue("l"))
+    code, answer = run(capsys, "jobs", "remove", job_id, "--json")
+    assert (code, answer) == (0, {"removed": job_id})
 
 
 def test_jobs_show_redacts_secrets(

@@ -14,7 +14,7 @@ import json
 import os
 import sys
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from importlib.metadata import entry_points
 from typing import Any
 from urllib.parse import urlsplit
@@ -95,6 +95,8 @@ async def _jobs_list(args: argparse.Namespace, driver: JobDriver) -> int:
             state=JobState(args.state) if args.state else None,
             tenant_id=args.tenant,
             id_prefix=args.id_prefix,
+            created_from=args.created_from,
+            created_to=args.created_to,
             limit=args.limit,
             after=args.after,
             before=args.before,
@@ -108,7 +110,20 @@ async def _jobs_list(args: argparse.Namespace, driver: JobDriver) -> int:
     ]
     if not page.last:
         lines.append(f"-- more: --after {job_cursor(page.rows[-1])}")
-    _emit(args, page, lines)
+    # The cursors a JSON reader pages with (they are opaque: it cannot build them from a row).
+    paged = {
+        **to_jsonable(page),
+        "last": page.last,
+        "next_after": job_cursor(page.rows[-1]) if page.rows else None,
+        "prev_before": job_cursor(page.rows[0]) if page.rows else None,
+    }
+    _emit(args, paged, lines)
+    return 0
+
+
+async def _jobs_remove(args: argparse.Namespace, driver: JobDriver) -> int:
+    await remove_job(driver, args.id)
+    _emit(args, {"removed": args.id}, [f"removed {args.id}"])
     return 0
 
 
@@ -248,6 +263,18 @@ def _by_id(
 # -- the parser -------------------------------------------------------------------------------
 
 
+def _instant(text: str) -> datetime:
+    """An ISO 8601 time that says its offset: a bare local time would mean another instant on
+    every host the command runs on."""
+    try:
+        at = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an ISO 8601 time") from None
+    if at.tzinfo is None:
+        raise argparse.ArgumentTypeError(f"{text!r} has no UTC offset; add one (+00:00, Z)")
+    return at
+
+
 def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     # SUPPRESS: an option given before the subcommand must survive the subparser's defaults.
@@ -271,6 +298,8 @@ def _parser() -> argparse.ArgumentParser:
         listing.add_argument(flag)
     listing.add_argument("--state", choices=[s.value for s in JobState])
     listing.add_argument("--limit", type=int)
+    for flag in ("--created-from", "--created-to"):
+        listing.add_argument(flag, type=_instant, help="an ISO 8601 time with its UTC offset")
     listing.set_defaults(handler=_with_driver(_jobs_list))
 
     show = jobs.add_parser("show", parents=[common], help="one job with its step trace")
@@ -289,10 +318,12 @@ def _parser() -> argparse.ArgumentParser:
     cancel.set_defaults(
         handler=_with_driver(_row_command(lambda a, d: cancel_job(d, a.id, a.reason)))
     )
-    for verb, act in (("remove", remove_job), ("promote", promote_job)):
-        one = jobs.add_parser(verb, parents=[common], help=f"{verb} one job")
-        one.add_argument("id")
-        one.set_defaults(handler=_with_driver(_row_command(_by_id(act))))
+    remove = jobs.add_parser("remove", parents=[common], help="delete one job and its steps")
+    remove.add_argument("id")
+    remove.set_defaults(handler=_with_driver(_jobs_remove))
+    promote = jobs.add_parser("promote", parents=[common], help="make a waiting job due now")
+    promote.add_argument("id")
+    promote.set_defaults(handler=_with_driver(_row_command(_by_id(promote_job))))
     for verb, member in (
         ("retry-many", "requeue_many"),
         ("remove-many", "remove_many"),
