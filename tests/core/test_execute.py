@@ -18,6 +18,7 @@ from ultimat3.jobs.core import (
     AbortSignal,
     ClaimedJob,
     FrozenClock,
+    JobAbortedError,
     JobContext,
     JobDrainedError,
     JobKeyBusyError,
@@ -236,6 +237,54 @@ async def test_a_body_that_finishes_past_its_deadline_is_logged_abandoned(
         clock.advance(1)
         execution = await running
     assert execution.outcome == "retried"
+    assert any(r.getMessage().startswith("jobs.timeout.abandoned") for r in caplog.records)
+
+
+async def test_a_body_that_ignores_its_deadline_does_not_hold_the_job_past_it(
+    driver: MemoryJobDriver, clock: FrozenClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The attempt fails at its deadline and the job is claimable again; the body left behind
+    can write no step, and is logged abandoned when it does end. Waiting for it, a body that
+    never returned held its row, its lease and its worker slot for ever."""
+    release = asyncio.Event()
+    late: list[BaseException] = []
+
+    async def deaf(*, input: Ping, step: Step) -> None:
+        while not release.is_set():
+            try:
+                await release.wait()
+            except asyncio.CancelledError:
+                continue  # swallows every cancel
+        try:
+            await step.run("late", lambda: 1)
+        except JobAbortedError as refused:
+            late.append(refused)
+
+    handle = ping_job(deaf, timeout="1s", retry=Retry(attempts=3, delay=0))
+    queued = await handle.enqueue(Ping("deaf"))
+    running = asyncio.create_task(
+        execute_job(await claim_one(driver), driver=driver, handle=handle)
+    )
+    await asyncio.sleep(0.01)
+    clock.advance(1)
+    execution = await asyncio.wait_for(running, timeout=30)
+    assert (execution.outcome, getattr(execution.error, "code", None)) == (
+        "retried",
+        "X_JOB_TIMEOUT",
+    )
+    assert (await row(driver, queued.id)).state is JobState.READY
+    again = await claim_one(driver)
+    assert again.id == queued.id
+    with caplog.at_level(logging.ERROR, logger="ultimat3.jobs"):
+        release.set()
+        for _ in range(100):
+            if late:
+                break
+            await asyncio.sleep(0.01)
+    assert [error.code for error in late] == ["X_ABORTED"]
+    detail = await driver.introspect.get(queued.id)
+    assert detail is not None
+    assert detail.steps == []
     assert any(r.getMessage().startswith("jobs.timeout.abandoned") for r in caplog.records)
 
 

@@ -25,7 +25,7 @@ import inspect
 import logging
 import time
 import traceback
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal
@@ -391,10 +391,12 @@ class _Attempt:
 async def _run_body(
     attempt: _Attempt, deadline: AbortController | None, run_signal: AbortSignal
 ) -> _Ending:
-    """Run the body in this task; an abort cancels this task and is read back off the signal.
+    """Run the body; an abort cancels it and is read back off the signal.
 
-    Running inline (no task per body) keeps a no-op job cheap; a cancellation that came from
-    outside (the worker itself dying) is told apart by ``cancelling()`` and re-raised."""
+    Without a timeout the body runs inline, in this task (no task per body keeps a no-op job
+    cheap); a cancellation that came from outside (the worker itself dying) is told apart by
+    ``cancelling()`` and re-raised. With one it runs as a task of its own, so the attempt can
+    end at its deadline whatever the body does (``_within_deadline``)."""
     handle = attempt.handle
     available = {name: attempt.argument(name) for name in handle.parameters}
     current = asyncio.current_task()
@@ -406,7 +408,6 @@ async def _run_body(
     early = run_signal.reason
     if early is not None:  # aborted before the body could start: it never does
         return _aborted_ending(run_signal)
-    stop_listening = run_signal.add_listener(cancel_body)
     expiry: asyncio.Task[None] | None = None
     if deadline is not None and handle.timeout_s is not None:
         timeout, clock, controller = handle.timeout_s, attempt.clock, deadline
@@ -423,32 +424,95 @@ async def _run_body(
             )
 
         expiry = asyncio.create_task(expire())
+    # Inline, an abort cancels this task. A body of its own is cancelled by _within_deadline, so
+    # here a cancellation of this task always came from outside.
+    inline = expiry is None
+    stop_listening = run_signal.add_listener(cancel_body) if inline else None
     try:
         with use_actor(attempt.actor):
-            result = await handle.call_body(available)
+            if inline:
+                result = await handle.call_body(available)
+            else:
+                body = handle.call_body(available)
+                result = await _within_deadline(body, run_signal, handle.name, attempt.claimed.id)
     except StepSuspension as suspension:
         return _Ending("suspended", resume_at=suspension.resume_at)
     except asyncio.CancelledError:
-        if not run_signal.aborted or current.uncancel() > 0:
+        if not inline or not run_signal.aborted or current.uncancel() > 0:
             raise
         return _aborted_ending(run_signal)
     except Exception as exc:
         if run_signal.aborted:
-            _swallow_our_cancel(current)
+            if inline:
+                _swallow_our_cancel(current)
             return _aborted_ending(run_signal)
         return _Ending("failed", error=exc)
     finally:
-        stop_listening()
+        if stop_listening is not None:
+            stop_listening()
         if expiry is not None:
             expiry.cancel()
     if run_signal.aborted:
-        _swallow_our_cancel(current)
+        if inline:
+            _swallow_our_cancel(current)
         if isinstance(run_signal.reason, JobTimeoutError):
             log_event(
                 logging.ERROR, "jobs.timeout.abandoned", job=handle.name, job_id=attempt.claimed.id
             )
             return _Ending("failed", error=run_signal.reason)
     return _Ending("completed", result=result)
+
+
+_UNWIND_S = 1.0
+"""How long an attempt past its deadline waits for its cancelled body to unwind before it hands
+the job back without it (real seconds: the body is unwinding, no clock is read meanwhile)."""
+
+
+async def _within_deadline(
+    body: Coroutine[Any, Any, Any], run_signal: AbortSignal, job: str, job_id: str
+) -> Any:
+    """``body`` as a task of its own, cancelled when ``run_signal`` aborts; a body that ended
+    cancelled raises the abort's reason, so a CancelledError out of here is the caller's own.
+
+    A timeout fails the attempt at its deadline, which makes the job claimable again: a body that
+    ignores the cancel is given ``_UNWIND_S`` and then left behind, its step writes refused with
+    ``X_ABORTED``, and logged as ``jobs.timeout.abandoned`` when it does finish. (Waiting for it,
+    a body that never returns held its row, its lease and its slot for ever.) Any other abort —
+    a drain, a lost lease — waits for the body, as an inline one does.
+    """
+    task = asyncio.ensure_future(body)
+    aborted = asyncio.get_running_loop().create_future()
+
+    def on_abort(_reason: BaseException) -> None:
+        task.cancel()
+        if not aborted.done():
+            aborted.set_result(None)
+
+    unlisten = run_signal.add_listener(on_abort)
+    try:
+        await asyncio.wait((task, aborted), return_when=asyncio.FIRST_COMPLETED)
+        if not task.done():
+            timed_out = isinstance(run_signal.reason, JobTimeoutError)
+            await asyncio.wait((task,), timeout=_UNWIND_S if timed_out else None)
+    except asyncio.CancelledError:  # the worker itself is going: the body goes with it
+        task.cancel()
+        raise
+    finally:
+        unlisten()
+        aborted.cancel()
+    reason = run_signal.reason
+    if task.done() and (reason is None or not task.cancelled()):
+        return task.result()
+    assert reason is not None  # only an abort leaves the body behind
+    if not task.done():
+        task.add_done_callback(lambda _: _log_abandoned(task, job, job_id))
+    raise reason
+
+
+def _log_abandoned(task: asyncio.Task[Any], job: str, job_id: str) -> None:
+    if not task.cancelled():
+        task.exception()  # read: what a body left behind raises is nobody's to handle
+    log_event(logging.ERROR, "jobs.timeout.abandoned", job=job, job_id=job_id)
 
 
 def _swallow_our_cancel(current: asyncio.Task[Any]) -> None:
