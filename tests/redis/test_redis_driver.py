@@ -31,6 +31,7 @@ from ultimat3.jobs.core.model import CounterBucket
 from ultimat3.jobs.redis import RedisJobDriver, redis_job_driver, scripts
 from ultimat3.jobs.redis.cli import driver_from_url
 from ultimat3.jobs.redis.codec import to_us
+from ultimat3.jobs.redis.introspect import _BULK_CHUNK
 
 RequestBuilder = Callable[..., EnqueueRequest]
 
@@ -264,7 +265,7 @@ async def test_a_removal_by_state_stops_walking_once_its_budget_is_spent(
     calls = _count_scripts(driver, monkeypatch)
     ready = BulkFilter(state=JobState.READY, queue="q")
     assert await driver.introspect.remove_many(ready) == BulkResult(MAX_BULK_ROWS, 2000)
-    assert calls["bulk"] == MAX_BULK_ROWS // 500
+    assert calls["bulk"] == MAX_BULK_ROWS // _BULK_CHUNK
     named = BulkFilter(state=JobState.READY, name="job")
     assert await driver.introspect.remove_many(named) == BulkResult(MAX_BULK_ROWS, 1000)
 

@@ -131,6 +131,32 @@ async def test_done_ttl_zero_keeps_done_rows(
         await driver.close()
 
 
+async def test_a_row_finished_under_done_ttl_zero_expires_once_a_driver_with_a_ttl_sweeps(
+    redis_url: str, redis_prefix: str, clock: FrozenClock, new_request: RequestBuilder
+) -> None:
+    """The TTL is the sweeping driver's, counted from the row's finish: a namespace moved from
+    ``done_ttl=0`` to a TTL loses the rows finished before the move too, not only later ones."""
+    keeping = redis_job_driver(url=redis_url, prefix=redis_prefix, clock=clock, done_ttl=0)
+    expiring = redis_job_driver(url=redis_url, prefix=redis_prefix, clock=clock, done_ttl=DAY)
+    try:
+        before = await _keys(keeping)
+        job_id = await _done(keeping, new_request)
+        clock.advance(DAY - timedelta(seconds=1))
+        await expiring.claim(worker_id="w", slots={"q": 1}, visibility_timeout=30)
+        assert await expiring.introspect.get(job_id) is not None
+        clock.advance(timedelta(seconds=1))
+        await keeping.claim(worker_id="w", slots={"q": 1}, visibility_timeout=30)
+        assert await keeping.introspect.get(job_id) is not None  # done_ttl=0 sweeps nothing
+        await expiring.claim(worker_id="w", slots={"q": 1}, visibility_timeout=30)
+        assert await expiring.introspect.get(job_id) is None
+        left = await _keys(expiring) - before
+        assert {key.removeprefix(expiring.namespace.base) for key in left} <= PER_NAME
+    finally:
+        await keeping.clear()
+        await keeping.close()
+        await expiring.close()
+
+
 async def test_dead_and_failed_rows_are_kept(
     driver: RedisJobDriver, clock: FrozenClock, new_request: RequestBuilder
 ) -> None:

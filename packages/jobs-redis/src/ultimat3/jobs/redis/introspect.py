@@ -2,8 +2,11 @@
 
 Single-row actions are one script each (``get``, ``remove``, ``requeue``, ``cancel``, ``promote``).
 Pages and bulk actions walk the state sets in (created_at, id) order (``paging.py``); a bulk
-action hands the ids it read to ``bulk.lua`` a chunk at a time, which re-checks every row, so no
-call holds the server for long however many rows a state holds.
+action hands the ids it read to ``bulk.lua`` a chunk at a time, which re-checks every row, and
+stops walking once its budget (``MAX_BULK_ROWS``) is spent. Its ``remaining`` is exact, as on
+every driver: a sorted set's size where one holds just the rows left (a removal by state and
+queue), else the rows past the walk counted a page per ``bulk_count.lua`` call, one field read a
+row. No call holds the server for long however many rows a state holds.
 """
 
 from __future__ import annotations
@@ -41,7 +44,11 @@ from .paging import Position, walk
 
 __all__ = ["RedisIntrospection"]
 
-_BULK_CHUNK = 500
+_BULK_CHUNK = 100
+"""Rows a ``bulk`` call is handed: a removal costs ~23 us a row, so a call holds the server
+~2.5 ms (500 held it 11 ms; measured, Redis 7.0, 100k rows)."""
+_COUNT_PAGE = 500
+"""Rows a ``bulk_count`` call reads: 2-4 us a row, ~1-2 ms a call (measured, as above)."""
 _ROLLUP_TRIES = 5
 _WIDTHS = {width for width, _ in COUNTER_TIERS}
 _FIELD_KINDS = (*COUNTER_KINDS, "ms")
@@ -54,12 +61,16 @@ class RedisIntrospection:
 
     # -- reading ---------------------------------------------------------------------------
 
+    async def _queues(self, queue: str | None) -> builtins.list[str]:
+        """The queue a filter names, else every queue holding a row."""
+        return [queue] if queue is not None else await self._ns.members("queues")
+
     async def _sources(self, state: JobState | None, queue: str | None) -> builtins.list[str]:
         """The sorted sets holding exactly the rows a state/queue filter can match."""
         states = [state.value] if state is not None else None
         if states is None and queue is None:
             return [self._ns.key("created")]
-        queues = [queue] if queue is not None else await self._ns.members("queues")
+        queues = await self._queues(queue)
         return [
             self._ns.state_key(q, s)
             for q in queues
@@ -154,31 +165,139 @@ class RedisIntrospection:
     async def _bulk(
         self, action: Literal["requeue", "remove", "promote"], filter: BulkFilter
     ) -> BulkResult:
-        sources = await self._sources(filter.state, filter.queue)
-        # A removal filtered on state and queue alone matches every row of its sources, so
-        # what remains is their size: stop once the budget is spent rather than walk (and
-        # re-check) every row left, which made "call until zero" quadratic in the rows.
-        counted = action == "remove" and filter.name is None and filter.tenant_id is None
-        moved, left, free = 0, 0, set()
+        queues = await self._queues(filter.queue)
+        sources = [self._ns.state_key(q, filter.state.value) for q in queues]
+        now = self._ns.clock.now()
+        if action == "promote":
+            waiting = await self._waiting(queues, now)
+            if waiting is not None:
+                moved = 0
+                for start in range(0, len(waiting), _BULK_CHUNK):
+                    chunk = waiting[start : start + _BULK_CHUNK]
+                    moved += (await self._act(action, filter, chunk, MAX_BULK_ROWS, now))[0]
+                return BulkResult(affected=moved, remaining=0)
+        # Oldest first, as every driver moves them; the walk stops once the budget is spent.
+        moved, last = 0, None
         async for batch in _batches(walk(self._ns, sources, direction="asc"), _BULK_CHUNK):
-            if counted and moved >= MAX_BULK_ROWS:
+            ids = [job_id for _, job_id in batch]
+            done, seen = await self._act(action, filter, ids, MAX_BULK_ROWS - moved, now)
+            moved += done
+            if moved == MAX_BULK_ROWS:
+                last = batch[seen - 1]
                 break
-            answer = await self._ns.call(
-                "bulk",
-                action,
+        if last is None:
+            # The walk ran out: every matching row was examined; one left cannot move (held,
+            # or no longer waiting).
+            return BulkResult(affected=moved, remaining=0)
+        if action == "remove" and filter.name is None and filter.tenant_id is None:
+            # Every row of the sources matches: what remains is their size.
+            return BulkResult(affected=moved, remaining=await self._ns.sizes(sources))
+        return BulkResult(affected=moved, remaining=await self._left(action, filter, queues, last))
+
+    async def _act(
+        self,
+        action: str,
+        filter: BulkFilter,
+        ids: builtins.list[str],
+        budget: int,
+        now: datetime,
+    ) -> tuple[int, int]:
+        """``action`` on the rows of ``ids`` that match, until ``budget`` moved: (how many moved,
+        how many of ``ids`` were examined)."""
+        moved, seen = await self._ns.call(
+            "bulk",
+            action,
+            filter.state.value,
+            optional(filter.queue),
+            optional(filter.name),
+            optional(filter.tenant_id),
+            str(budget),
+            *ids,
+            now=now,
+        )
+        return int(moved), int(seen)
+
+    async def _waiting(
+        self, queues: builtins.list[str], now: datetime
+    ) -> builtins.list[str] | None:
+        """The ids of every row of ``queues`` still waiting on its run_at (of any state: the due
+        index holds them all), when one call can move them all — their order is then moot and
+        nothing remains; None when more wait. Promoting the few rows backing off behind a backlog
+        of due ones reads just those few, where a walk in created order reads the whole backlog."""
+        after = "(" + to_us(now)
+        due = [self._ns.due_key(queue) for queue in queues]
+        pipe = self._ns.client.pipeline(transaction=False)
+        for key in due:
+            pipe.zcount(key, after, "+inf")
+        if sum(cast(builtins.list[int], await pipe.execute())) > MAX_BULK_ROWS:
+            return None
+        pipe = self._ns.client.pipeline(transaction=False)
+        for key in due:
+            pipe.zrangebyscore(key, after, "+inf", start=0, num=MAX_BULK_ROWS + 1)
+        found = cast(builtins.list[builtins.list[str]], await pipe.execute())
+        ids = [job_id for listed in found for job_id in listed]
+        return ids if len(ids) <= MAX_BULK_ROWS else None
+
+    async def _left(
+        self,
+        action: Literal["requeue", "remove", "promote"],
+        filter: BulkFilter,
+        queues: builtins.list[str],
+        after: Position,
+    ) -> int:
+        """What a next call could move: the rows past ``after`` that match (the walk examined
+        every row up to it: those that matched moved, or are held and stay held), counted exactly
+        a page per ``bulk_count`` call, so the server is never held for the whole count."""
+        now = self._ns.clock.now()
+        matched, free = 0, set()
+        for queue in queues:
+            source = self._ns.state_key(queue, filter.state.value)
+            if action == "promote" and filter.name is None and filter.tenant_id is None:
+                # Every row of the state set waits but those already due (they share the due
+                # index): when fewer are due, count those instead — a queue's due backlog is
+                # usually short, its delayed rows many.
+                pipe = self._ns.client.pipeline(transaction=False)
+                pipe.zcard(source)
+                pipe.zcount(self._ns.due_key(queue), "-inf", to_us(now))
+                size, due = cast(builtins.list[int], await pipe.execute())
+                if due < size:
+                    found, _ = await self._count("due", filter, self._ns.due_key(queue), None, now)
+                    matched += max(0, size - found)  # read apart: a row may move meanwhile
+                    continue
+            found, keys = await self._count(action, filter, source, after, now)
+            matched += found
+            free.update(keys)
+        return len(free) if action == "requeue" else matched
+
+    async def _count(
+        self,
+        what: str,
+        filter: BulkFilter,
+        key: str,
+        after: Position | None,
+        now: datetime,
+    ) -> tuple[int, set[str]]:
+        """``bulk_count.lua`` over the sorted set ``key`` past ``after``, page by page: (the rows
+        matched, the free live keys found)."""
+        score, member = ("", "") if after is None else (str(after[0]), after[1])
+        matched, free = 0, set[str]()
+        while True:
+            read, score, member, found, *keys = await self._ns.call(
+                "bulk_count",
+                what,
                 filter.state.value,
-                optional(filter.queue),
                 optional(filter.name),
                 optional(filter.tenant_id),
-                str(MAX_BULK_ROWS - moved),
-                *(job_id for _, job_id in batch),
+                score,
+                member,
+                str(_COUNT_PAGE),
+                keys=[key],
+                now=now,
             )
-            moved += answer[0]
-            left += answer[1]
-            free.update(answer[2:])
-        if counted:
-            left = await self._ns.sizes(sources)
-        return BulkResult(affected=moved, remaining=len(free) if action == "requeue" else left)
+            matched += found
+            free.update(keys)
+            if read < _COUNT_PAGE:
+                return matched, free
 
     async def requeue_many(self, filter: BulkFilter) -> BulkResult:
         refusals.check_requeue_many(filter)

@@ -17,7 +17,7 @@ key (after the base)              type     holds
 ``q:<queue>:s:<state>``           zset     the queue's rows in one state, by created_at
 ``q:<queue>:due``                 zset     ready, delayed and suspended rows, by run_at
 ``q:<queue>:lease``               zset     running rows, by lease_until
-``q:<queue>:expiry``              zset     done rows, by finished_at (with a done TTL)
+``q:<queue>:expiry``              zset     done rows, by finished_at (swept under a done TTL)
 ``q:<queue>:woken``               string   a wake for the queue no claim has read yet (1 s)
 ``paused``, ``pausedtasks``       set      paused queues, paused tasks
 ``ctr:<job>``, ``ctrnames``       hash     one job's counter buckets; names having any

@@ -50,6 +50,10 @@ class Namespace:
         """The sorted set of a queue's rows in one state (as ``k_state`` in the prelude)."""
         return f"{self.base}q:{queue}:s:{state}"
 
+    def due_key(self, queue: str) -> str:
+        """The sorted set of a queue's ready, delayed and suspended rows by run_at (``k_due``)."""
+        return f"{self.base}q:{queue}:due"
+
     # Typed reads: the client decodes responses (the driver checks), so every value is a str.
 
     async def members(self, suffix: str) -> list[str]:

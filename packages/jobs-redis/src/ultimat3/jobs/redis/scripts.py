@@ -49,6 +49,7 @@ SCRIPT_NAMES = (
     "cancel",
     "promote",
     "bulk",
+    "bulk_count",
     "resume_queue",
     "record_worker",
     "workers",
@@ -67,6 +68,7 @@ REPEATABLE = frozenset(
         "stats",
         "page",
         "get",
+        "bulk_count",
         # writing what a second run writes again, answering the same
         "heartbeat",  # the same lease_until, still owned
         "save_step",  # the same step value, still owned

@@ -54,6 +54,23 @@ local function bytes_lt(a, b)
   return #a < #b
 end
 
+-- How many members of the sorted set `key` sort before the position (score, member), counting
+-- a member at it when `inclusive`: a page starts there, so a page stays right while the rows
+-- before it move or go, and the position need not be a member any more. The members at `score`
+-- hold the ranks [ZCOUNT below it, ZCOUNT up to it), in member byte order, and a binary search
+-- over those ranks finds the place: O(log^2 n) even when every member shares one score (rows
+-- created on a frozen clock). Reads only.
+local function rank_of(key, score, member, inclusive)
+  local lo = redis.call('ZCOUNT', key, '-inf', '(' .. score)
+  local hi = redis.call('ZCOUNT', key, '-inf', score)
+  while lo < hi do
+    local mid = math.floor((lo + hi) / 2)
+    local at = redis.call('ZRANGE', key, mid, mid)[1]
+    if bytes_lt(at, member) or (inclusive and at == member) then lo = mid + 1 else hi = mid end
+  end
+  return lo
+end
+
 -- An expiry member names the row AND its run, so a row whose hash already expired is still
 -- swept cleanly (its run's step count is released too).
 local function expiry_member(id, run) return #id .. ':' .. id .. run end
@@ -142,8 +159,10 @@ local function move(row, to, extra)
   redis.call('HSET', jk, unpack(set))
   -- A done row is removed by `sweep`, on the driver's clock. No key carries a server TTL: the
   -- server's clock would decide instead, and a hash vanishing on its own would leave its
-  -- indexes behind, under an id that may be enqueued again.
-  if to == 'done' and DONE_TTL > 0 then
+  -- indexes behind, under an id that may be enqueued again. The row is indexed by its finish
+  -- time under done_ttl=0 too: the TTL is the sweeping driver's, so one started later with a
+  -- TTL removes it like any other (unindexed, it was kept forever).
+  if to == 'done' then
     redis.call('ZADD', k_expiry(q), NOW, expiry_member(id, row.run_id))
   end
   row.state = to
