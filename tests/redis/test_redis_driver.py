@@ -302,6 +302,70 @@ async def test_a_created_window_pages_as_the_memory_driver_does(
                     assert [r.id for r in ours.rows] == [r.id for r in theirs.rows], page
 
 
+async def test_a_queue_listed_across_its_states_pages_as_the_memory_driver_does(
+    driver: RedisJobDriver, clock: FrozenClock, new_request: RequestBuilder
+) -> None:
+    """Without a state, a queue's rows are merged from its state sets in one read per page: the
+    merged order (created_at, then id bytes) and every page, whichever the cursor, are the
+    executable specification's."""
+    memory = memory_job_driver(clock=clock)
+    for _ in range(4):
+        for n in range(3):  # rows sharing their created_at
+            request = new_request(delay=3600.0 if n == 2 else 0.0)
+            await driver.enqueue(request)
+            await memory.enqueue(request)
+        clock.advance(1)
+    for backend in (driver, memory):
+        batch = await backend.claim(worker_id="w", slots={"q": 5}, visibility_timeout=60)
+        for done in batch.jobs[:2]:
+            assert await backend.ack(done.id, AckOptions("w", done.claim.claim))
+    rows = (await memory.introspect.list(JobFilter(queue="q", limit=100))).rows
+    assert {row.state for row in rows} == {
+        JobState.READY,
+        JobState.DELAYED,
+        JobState.RUNNING,
+        JobState.DONE,
+    }
+    for cursor in [None, *rows]:
+        pages = [JobFilter(queue="q", limit=2)]
+        if cursor is not None:
+            pages = [
+                replace(pages[0], after=job_cursor(cursor)),
+                replace(pages[0], before=job_cursor(cursor)),
+            ]
+        for page in pages:
+            ours = await driver.introspect.list(page)
+            theirs = await memory.introspect.list(page)
+            assert [r.id for r in ours.rows] == [r.id for r in theirs.rows], page
+
+
+async def test_a_queue_listed_while_its_rows_change_state_answers_each_row_once(
+    driver: RedisJobDriver, new_request: RequestBuilder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A claim lands while the page is being read: a row moving from one state set to another
+    must be answered once. Read one set after another, it was answered twice (claimed after the
+    ready set was read) or not at all (retried after the ready set was read)."""
+    first, second = new_request(), new_request()
+    for request in (first, second):
+        await driver.enqueue(request)
+    real = driver._ns.call  # the hook between two reads of one page
+    acted = False
+
+    async def claim_after_the_first_page_read(name: str, *args: Any, **kwargs: Any) -> Any:
+        nonlocal acted
+        answer = await real(name, *args, **kwargs)
+        if name == "page" and not acted:
+            acted = True
+            claimed = await driver.claim(worker_id="w", slots={"q": 1}, visibility_timeout=60)
+            assert [job.id for job in claimed.jobs] == [first.id]
+        return answer
+
+    monkeypatch.setattr(driver._ns, "call", claim_after_the_first_page_read)
+    page = await driver.introspect.list(JobFilter(queue="q"))
+    assert acted
+    assert [row.id for row in page.rows] == [second.id, first.id]
+
+
 async def test_expired_lease_holders_go_however_many_expire_at_once(
     driver: RedisJobDriver, clock: FrozenClock
 ) -> None:

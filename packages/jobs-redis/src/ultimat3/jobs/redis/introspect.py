@@ -97,7 +97,9 @@ class RedisIntrospection:
             start = max(start, (window_from, "")) if start is not None else (window_from, "")
         sources = await self._sources(filter.state, filter.queue)
         rows: builtins.list[JobRow] = []
-        positions = walk(self._ns, sources, direction=direction, start=start)
+        # Without a state, the sources are one queue's states, which rows move between.
+        together = filter.state is None and filter.queue is not None
+        positions = walk(self._ns, sources, direction=direction, start=start, together=together)
         if direction == "desc" and window_from is not None:
             positions = _while(positions, lambda at: at[0] >= window_from)
         if direction == "asc" and window_to is not None:
