@@ -26,7 +26,9 @@ from ultimat3.jobs.core import (
     signal_enqueued,
 )
 from ultimat3.jobs.core.memory import MemoryJobDriver
+from ultimat3.jobs.core.model import WorkerInfo
 from ultimat3.jobs.core.protocol import ClaimBatch
+from ultimat3.jobs.core.wake import signal_wake_lost
 
 
 @dataclass
@@ -317,6 +319,11 @@ class FakeWake:
         for listener in list(self.listeners):
             listener(queue)
 
+    def lose(self) -> None:
+        """What a driver's wake does when its session dies."""
+        self.live = False
+        signal_wake_lost(self)
+
 
 async def test_a_proven_wake_raises_the_idle_ceiling_to_five_seconds(
     driver: MemoryJobDriver, clock: FrozenClock
@@ -353,6 +360,47 @@ async def test_a_notification_from_another_process_starts_a_pass_and_resets_the_
         await run_clock(clock, 0.25)
     offsets = [(at - start).total_seconds() for at, _ in spy.claims]
     assert offsets == [0, 0.25, 0.75, 1.75, 3.75, 4, 4.25]
+
+
+async def test_a_wake_losing_its_session_brings_a_pass_at_once_then_the_two_second_ceiling(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    spy = ClaimSpy(driver)
+    wake = FakeWake(live=True)
+    start = clock.now()
+    async with spy.worker(queues=["q"], wake=wake, clock=clock):
+        await run_clock(clock, 8)  # passes at 0, .25, .75, 1.75, 3.75, 7.75; next at 12.75
+        wake.lose()
+        await run_clock(clock, 6)
+    offsets = [(at - start).total_seconds() for at, _ in spy.claims]
+    assert offsets == [0, 0.25, 0.75, 1.75, 3.75, 7.75, 8, 8.25, 8.75, 9.75, 11.75, 13.75]
+
+
+async def test_another_wakes_loss_rings_nothing(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    spy = ClaimSpy(driver)
+    start = clock.now()
+    async with spy.worker(queues=["q"], wake=FakeWake(live=True), clock=clock):
+        await run_clock(clock, 8)
+        FakeWake(live=True).lose()
+        await run_clock(clock, 5)
+    offsets = [(at - start).total_seconds() for at, _ in spy.claims]
+    assert offsets == [0, 0.25, 0.75, 1.75, 3.75, 7.75, 12.75]
+
+
+async def test_a_wake_that_stops_being_live_caps_the_next_wait_at_the_two_second_ceiling(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    spy = ClaimSpy(driver)
+    wake = FakeWake(live=True)
+    start = clock.now()
+    async with spy.worker(queues=["q"], wake=wake, clock=clock):
+        await run_clock(clock, 8)  # the wait in progress ends at 12.75 and the next was 5 s
+        wake.live = False  # a wake that signals nothing: the ceiling is read as each wait begins
+        await run_clock(clock, 7)
+    offsets = [(at - start).total_seconds() for at, _ in spy.claims]
+    assert offsets == [0, 0.25, 0.75, 1.75, 3.75, 7.75, 12.75, 14.75]
 
 
 async def test_a_wake_naming_a_queue_the_worker_does_not_serve_is_ignored(
@@ -528,6 +576,44 @@ async def test_the_worker_is_listed_with_its_queues_slots_and_jobs_in_flight(
         )
         assert info.last_heartbeat == clock.now()
         gate.event.set()
+    assert await driver.introspect.workers() == []
+
+
+class HeldRegistry:
+    """The memory driver's introspection, holding registry writes on the wire while ``hold``."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.hold = False
+        self.sent = asyncio.Event()
+        self.release = asyncio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def record_worker(self, info: WorkerInfo, *, ttl: float) -> None:
+        if self.hold:
+            self.sent.set()
+            await self.release.wait()
+        await self.inner.record_worker(info, ttl=ttl)
+
+
+async def test_a_registry_renewal_on_the_wire_at_stop_does_not_list_the_stopped_worker(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    spy = ClaimSpy(driver)
+    registry = HeldRegistry(driver.introspect)
+    spy.introspect = registry
+    worker = spy.worker(queues=["q"], clock=clock)
+    await worker.start()
+    registry.hold = True
+    await run_clock(clock, 10)  # the row's renewal is due
+    await until(registry.sent.is_set)
+    stopping = asyncio.create_task(worker.stop())
+    await settle()
+    registry.release.set()  # it lands while stop() waits for it, ahead of remove_worker
+    await stopping
+    await settle()
     assert await driver.introspect.workers() == []
 
 

@@ -10,11 +10,13 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from datetime import timedelta
+from typing import Any
 
 import psycopg
 import pytest
 
-from ultimat3.jobs.core import EnqueueRequest, FrozenClock, JobState, new_id
+from ultimat3.jobs.core import EnqueueRequest, FrozenClock, JobState, QueueWake, new_id
+from ultimat3.jobs.core.wake import on_wake_lost
 from ultimat3.jobs.pg import PgQueueWake, PostgresJobDriver, postgres_job_driver, start_queue_wake
 
 pytestmark = pytest.mark.pg
@@ -39,6 +41,15 @@ async def until_live(wake: PgQueueWake, live: bool = True) -> None:
             await asyncio.sleep(0.02)
 
     await asyncio.wait_for(poll(), PATIENCE_S)
+
+
+async def kill_the_listen_session(pg_url: str) -> None:
+    async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as admin:
+        await admin.execute(
+            "select pg_terminate_backend(pid) from pg_stat_activity "
+            "where datname = current_database() and pid <> pg_backend_pid() "
+            "and query like '%listen x_jobs_wake%'"
+        )
 
 
 @pytest.fixture
@@ -170,16 +181,49 @@ async def test_the_wake_dials_again_after_its_session_is_killed(
     wake: PgQueueWake, driver: PostgresJobDriver, clock: FrozenClock, pg_url: str
 ) -> None:
     heard = Heard(wake)
-    async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as admin:
-        await admin.execute(
-            "select pg_terminate_backend(pid) from pg_stat_activity "
-            "where datname = current_database() and pid <> pg_backend_pid() "
-            "and query like '%listen x_jobs_wake%'"
-        )
+    await kill_the_listen_session(pg_url)
     await until_live(wake, live=False)
     await until_live(wake, live=True)
     await driver.enqueue(job(clock, "after"))
     assert await heard.next() == "after"
+
+
+async def test_a_lost_session_is_signalled_to_the_idle_loops(
+    wake: PgQueueWake, pg_url: str
+) -> None:
+    signalled: list[QueueWake] = []
+    remove = on_wake_lost(signalled.append)
+    try:
+        await kill_the_listen_session(pg_url)
+        await until_live(wake, live=False)
+        assert signalled == [wake]
+    finally:
+        remove()
+
+
+async def test_a_probe_that_fails_after_a_redial_is_sent_again(
+    pg_url: str, driver: PostgresJobDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A server restart takes the pool's connections with the LISTEN session: the first probe
+    # through the pool after the re-dial fails, and the session must not stay unproven for it.
+    wake = start_queue_wake(listener=pg_url, executor=driver.executor)
+    try:
+        await until_live(wake)
+        fetch = driver.executor.fetch
+        failures = [psycopg.OperationalError("the pool's connection died with the server")]
+
+        async def flaky_fetch(*args: Any, **kwargs: Any) -> Any:
+            if failures:
+                raise failures.pop()
+            return await fetch(*args, **kwargs)
+
+        monkeypatch.setattr(driver.executor, "fetch", flaky_fetch)
+        await kill_the_listen_session(pg_url)
+        await until_live(wake, live=False)
+        await until_live(wake, live=True)
+        assert not failures, "the failing probe was never sent"
+    finally:
+        await wake.close()
 
 
 async def test_a_probe_that_never_arrives_leaves_the_wake_unverified(

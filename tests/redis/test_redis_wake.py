@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Callable
 
 import pytest
 
 from ultimat3.jobs.core import AckOptions, EnqueueRequest, FrozenClock, QueueWake
+from ultimat3.jobs.core.wake import on_wake_lost
 from ultimat3.jobs.redis import RedisJobDriver, RedisQueueWake, redis_job_driver, start_queue_wake
 
 RequestBuilder = Callable[..., EnqueueRequest]
@@ -26,6 +28,19 @@ class Heard:
     async def nothing(self, within: float = 0.3) -> bool:
         await asyncio.sleep(within)
         return self.names.empty()
+
+
+async def kill_the_subscriber(driver: RedisJobDriver) -> None:
+    (held,) = [c for c in await driver.client.client_list() if c["name"] == driver.wake_channel]
+    await driver.client.client_kill_filter(_id=held["id"])
+
+
+async def until_lost(wake: RedisQueueWake) -> None:
+    async def poll() -> None:
+        while wake.live:
+            await asyncio.sleep(0.005)
+
+    await asyncio.wait_for(poll(), 10)
 
 
 @pytest.fixture
@@ -114,9 +129,33 @@ async def test_the_wake_hears_again_after_its_connection_is_killed(
     wake: RedisQueueWake, other: RedisJobDriver, driver: RedisJobDriver, new_request: RequestBuilder
 ) -> None:
     heard = Heard(wake)
-    (held,) = [c for c in await driver.client.client_list() if c["name"] == driver.wake_channel]
-    await driver.client.client_kill_filter(_id=held["id"])
+    await kill_the_subscriber(driver)
     await asyncio.sleep(0.5)
     assert await wake.wait_live(10)
     await other.enqueue(new_request(queue="after"))
     assert await heard.next(10) == "after"
+
+
+async def test_a_lost_subscription_is_signalled_to_the_idle_loops(
+    wake: RedisQueueWake, driver: RedisJobDriver
+) -> None:
+    signalled: list[QueueWake] = []
+    remove = on_wake_lost(signalled.append)
+    try:
+        await kill_the_subscriber(driver)
+        await until_lost(wake)
+        assert signalled == [wake]
+    finally:
+        remove()
+
+
+async def test_a_redial_proven_by_its_probe_starts_the_backoff_over(
+    wake: RedisQueueWake, driver: RedisJobDriver, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="ultimat3.jobs")
+    for _ in range(4):
+        await kill_the_subscriber(driver)
+        await until_lost(wake)
+        assert await wake.wait_live(10)
+    lost = [r for r in caplog.records if getattr(r, "event", None) == "jobs.wake.lost"]
+    assert [r.jobs["retry_in_s"] for r in lost] == [0.1] * 4

@@ -17,6 +17,11 @@ a whole window with none landing        ``lapsed()`` — presumed gone
 
 The window is measured from the send time of the last renewal that landed, on this process's clock,
 so a renewal that hangs is caught exactly like one that fails.
+
+``stop()`` is terminal for the renewals already on the wire too: they report nothing, and it waits
+for them to land (``STOP_GRACE_S`` at most, then cancels them), so none rewrites what its caller
+tears down next — a worker's registry row renewed after ``remove_worker`` was listed again for a
+whole visibility timeout.
 """
 
 from __future__ import annotations
@@ -32,7 +37,11 @@ from .clock import Clock
 from .lifecycle import Wakeup
 from .logs import log_event
 
-__all__ = ["Renewable", "Renewal", "RenewalLoop"]
+__all__ = ["STOP_GRACE_S", "Renewable", "Renewal", "RenewalLoop"]
+
+STOP_GRACE_S = 1.0
+"""How long ``stop()`` waits for the renewals on the wire: well past a healthy round trip, short
+against a drain's budget. Real time, not the clock's: it bounds a socket, not a lease."""
 
 
 class Renewable(Protocol):
@@ -126,7 +135,8 @@ class RenewalLoop:
             self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def stop(self) -> None:
-        """Stop renewing everything. Renewals already on the wire are left to land (or not)."""
+        """Stop renewing everything; wait for the renewals on the wire, then cancel what is left
+        of them (a write already sent may still land)."""
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
@@ -134,6 +144,10 @@ class RenewalLoop:
         for _, _, entry in self._heap:
             entry.active = False
         self._heap.clear()
+        if self._renewing:
+            _, late = await asyncio.wait(set(self._renewing), timeout=STOP_GRACE_S)
+            for renewing in late:
+                renewing.cancel()
 
     async def _run(self) -> None:
         while True:

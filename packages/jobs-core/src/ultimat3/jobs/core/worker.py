@@ -11,7 +11,8 @@ Idle, the loop backs off from ``poll_interval`` (250 ms) doubling to the idle ce
 5 s while a cross-process ``wake`` is proven live — and anything that rings it (an in-process
 ``signal_enqueued``, a ``QueueWake`` notification, a slot freeing, a row it handed back falling
 due) brings a pass now and the floor again. Rings during a pass ask for one more pass, never a
-second loop.
+second loop. The wake losing ``live`` rings it too: whatever it would have announced was lost with
+it, and a wait stretched to 5 s on its word would hold pickup past the 2 s the poll promises.
 
 Every lease the worker holds — each job's visibility lease, each fleet concurrency slot, its own
 registry row — is renewed by one ``RenewalLoop`` every ``heartbeat_interval`` (a third of the
@@ -88,7 +89,7 @@ from .protocol import EventBus, JobDriver, QueueWake
 from .registry import job_named, registered_jobs
 from .renewal import Renewal, RenewalLoop
 from .signal import AbortController
-from .wake import on_enqueued
+from .wake import on_enqueued, on_wake_lost
 
 __all__ = ["JobWorker", "WorkerStats", "job_worker"]
 
@@ -377,6 +378,7 @@ class JobWorker:
         self._unsubscribe.append(on_enqueued(self._on_enqueued))
         if self._wake is not None:
             self._unsubscribe.append(self._wake.subscribe(self._on_enqueued))
+            self._unsubscribe.append(on_wake_lost(self._on_wake_lost))
         self._unsubscribe.append(on_shutdown(self._accept, self._close))
         self._renewals.start()
         await self._register()
@@ -504,8 +506,17 @@ class JobWorker:
         return self._routes.get(name) or job_named(name)
 
     def _on_enqueued(self, queue: str) -> None:
+        if queue in self._slots:
+            self._ring()
+
+    def _on_wake_lost(self, wake: QueueWake) -> None:
+        if wake is self._wake:
+            self._ring()
+
+    def _ring(self) -> None:
+        """Ring the claim loop from any thread (a wake may deliver on another one)."""
         loop = self._loop
-        if queue not in self._slots or not self._accepting or loop is None or loop.is_closed():
+        if not self._accepting or loop is None or loop.is_closed():
             return
         try:
             running = asyncio.get_running_loop()
@@ -564,8 +575,10 @@ class JobWorker:
                 elif free or self._has_a_free_slot():
                     # Nothing due, or the process limits left no room: a limit shared with
                     # another worker frees on ITS ring, not ours, so poll with the back-off.
-                    wait = idle_wait
-                    idle_wait = min(idle_wait * 2, max(self._idle_ceiling(), self._poll))
+                    # The ceiling is read now: it drops when the wake stops being live.
+                    ceiling = max(self._idle_ceiling(), self._poll)
+                    wait = min(idle_wait, ceiling)
+                    idle_wait = min(idle_wait * 2, ceiling)
                 else:
                     wait = None  # full: a slot coming free rings
                 if free:

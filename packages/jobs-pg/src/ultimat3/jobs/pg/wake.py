@@ -9,13 +9,16 @@ never for a dedupe), so the wake costs the enqueuers almost nothing.
 
 The wake is PROVEN before anyone relies on it: after each LISTEN, a probe is sent through the
 pool, and only its arrival on the session makes ``live`` true (``jobs.wake.live``) — which lets the
-worker raise its idle poll ceiling from 2 s to 5 s. A probe that never arrives is logged once as
+worker raise its idle poll ceiling from 2 s to 5 s. A probe that could not be sent or never arrived
+is sent again, with a capped back-off, for as long as the session lasts: the pool's connections may
+have died with the server that took the last session. The first such failure is logged once as
 ``jobs.wake.unverified`` with the usual cause: a transaction-pooling proxy (PgBouncer
 ``pool_mode = transaction``) hands the LISTEN connection back to its pool and delivers nothing.
 
 A lost session (a restarted server, a terminated backend) makes ``live`` false, is logged as
-``jobs.wake.lost``, and is dialled again with a capped back-off; meanwhile the worker's poll is the
-guarantee, as it always is — a notification is lost with the session that would have carried it.
+``jobs.wake.lost`` and signalled (``signal_wake_lost``), and is dialled again with a capped
+back-off; meanwhile the worker's poll is the guarantee, as it always is — a notification is lost
+with the session that would have carried it.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from ultimat3.jobs.core.clock import SYSTEM_CLOCK, Clock
 from ultimat3.jobs.core.constants import OUTBOX_WAKE
 from ultimat3.jobs.core.ids import new_id
 from ultimat3.jobs.core.logs import log_event
+from ultimat3.jobs.core.wake import Backoff, signal_wake_lost
 
 from .executor import PgExecutor, PgTarget, pg_executor
 from .sql_outbox import OUTBOX_WAKE_CHANNEL
@@ -51,6 +55,7 @@ returns a fresh autocommit connection (called again after a session is lost)."""
 _PROBE_TIMEOUT_S = 5.0
 _REDIAL_FIRST_S = 0.25
 _REDIAL_MAX_S = 10.0
+"""The back-off of a re-dial, and of a probe sent again while the session is unproven."""
 _KEEPALIVES = {
     "keepalives": 1,
     "keepalives_idle": 30,
@@ -114,7 +119,7 @@ class PgQueueWake:
 
     async def close(self) -> None:
         self._closed = True
-        self._live = False
+        self._lose_live()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -130,15 +135,22 @@ class PgQueueWake:
             with contextlib.suppress(Exception):
                 await session.close()
 
+    def _lose_live(self) -> bool:
+        """Clear ``live``, signalling the loss when it was set; answers whether it was."""
+        was_live, self._live = self._live, False
+        if was_live:
+            signal_wake_lost(self)
+        return was_live
+
     async def _hold_session(self) -> None:
         """Dial, LISTEN, probe, deliver — and dial again whenever the session dies."""
-        backoff = _REDIAL_FIRST_S
+        redial = Backoff(_REDIAL_FIRST_S, _REDIAL_MAX_S)
         while not self._closed:
             try:
                 self._session = await self._dial()
                 await self._session.execute(SQL_LISTEN_OUTBOX)
                 await self._session.execute(SQL_LISTEN)
-                backoff = _REDIAL_FIRST_S
+                redial.reset()
                 prover = asyncio.create_task(self._prove(), name="ultimat3-jobs-wake-probe")
                 try:
                     await self._deliver(self._session)
@@ -149,18 +161,17 @@ class PgQueueWake:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                was_live, self._live = self._live, False
+                retry_in = redial.next()
                 log_event(
                     logging.WARNING,
                     "jobs.wake.lost",
                     error=str(exc) or type(exc).__name__,
-                    was_live=was_live,
-                    retry_in_s=backoff,
+                    was_live=self._lose_live(),
+                    retry_in_s=retry_in,
                 )
-            await self._close_session()
-            if not self._closed:
-                await self._clock.sleep(backoff)
-                backoff = min(backoff * 2, _REDIAL_MAX_S)
+                await self._close_session()
+                if not self._closed:
+                    await self._clock.sleep(retry_in)
 
     async def _deliver(self, session: AsyncConnection[Any]) -> None:
         async for notify in session.notifies():
@@ -174,14 +185,23 @@ class PgQueueWake:
         raise psycopg.OperationalError("the LISTEN session ended")
 
     async def _prove(self) -> None:
-        """Send a probe through the pool; the wake is live once it arrives on the session."""
+        """Probe until a probe arrives on the session, which makes the wake live; the session's
+        end cancels it. One failed probe must not leave a whole session unproven."""
+        again = Backoff(_REDIAL_FIRST_S, _REDIAL_MAX_S)
+        while not await self._probe_once():
+            await self._clock.sleep(again.next())
+        self._live = True
+        log_event(logging.INFO, "jobs.wake.live", channel="x_jobs_wake")
+
+    async def _probe_once(self) -> bool:
+        """Send a probe through the pool; True when it arrived on the session in time."""
         self._probe = f"{PROBE_PREFIX}{new_id()}"
         self._probe_arrived.clear()
         try:
             await self._executor.fetch(SQL_WAKE_PROBE, {"payload": self._probe}, idempotent=True)
         except Exception as exc:
             self._unverified(f"the probe could not be sent: {exc}")
-            return
+            return False
         arrived = asyncio.create_task(self._probe_arrived.wait())
         deadline = asyncio.create_task(self._clock.sleep(self._probe_timeout))
         try:
@@ -190,12 +210,9 @@ class PgQueueWake:
             arrived.cancel()
             deadline.cancel()
         if self._probe_arrived.is_set():
-            self._live = True
-            log_event(logging.INFO, "jobs.wake.live", channel="x_jobs_wake")
-        else:
-            self._unverified(
-                f"a probe sent through the pool did not arrive in {self._probe_timeout} s"
-            )
+            return True
+        self._unverified(f"a probe sent through the pool did not arrive in {self._probe_timeout} s")
+        return False
 
     def _unverified(self, why: str) -> None:
         if self._warned_unverified:

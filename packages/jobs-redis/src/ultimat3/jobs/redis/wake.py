@@ -9,9 +9,10 @@ polls and pickup costs a single network hop.
 The wake is PROVEN before it counts: a probe published through the ordinary connection has to
 come back on the subscriber (``jobs.wake.live``), and is sent again every few seconds, so a
 subscription that silently stopped delivering is noticed. A lost connection or an unanswered
-probe clears ``live`` (``jobs.wake.lost``) and the subscriber re-dials, with backoff, until the
-server answers again; meanwhile the worker's poll starts the jobs. Messages published while the
-subscriber was away are lost with it, which is why the poll stays the guarantee.
+probe clears ``live`` (``jobs.wake.lost``, and ``signal_wake_lost``) and the subscriber re-dials,
+with a backoff that starts over once a probe proves the new subscription, until the server answers
+again; meanwhile the worker's poll starts the jobs. Messages published while the subscriber was
+away are lost with it, which is why the poll stays the guarantee.
 
 Probe timing and re-dial backoff run on the event loop's real time: they are about a socket, not
 about any time the queue reasons over.
@@ -29,6 +30,7 @@ from redis.asyncio import ConnectionPool, Redis
 from ultimat3.jobs.core.errors import InvariantError
 from ultimat3.jobs.core.ids import new_id
 from ultimat3.jobs.core.logs import log_event
+from ultimat3.jobs.core.wake import Backoff, signal_wake_lost
 
 from .driver import RedisJobDriver
 from .namespace import RedisClient
@@ -39,6 +41,7 @@ _PROBE = "\x00probe:"
 """Probe messages start with a NUL, which no queue name does; every subscriber ignores others'."""
 PROBE_EVERY_S = 10.0
 PROBE_WAIT_S = 3.0
+_REDIAL_FIRST_S = 0.1
 _REDIAL_MAX_S = 5.0
 
 
@@ -104,32 +107,41 @@ class RedisQueueWake:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        self._set_live(False, None)
+        self._set_live(False)
         if self._owns_subscriber:
             await self._subscriber.aclose()
 
-    def _set_live(self, live: bool, reason: Any) -> None:
-        if live and not self._live:
-            log_event(logging.INFO, "jobs.wake.live", channel=self._channel)
-        elif not live and self._live and reason is not None:
-            log_event(logging.WARNING, "jobs.wake.lost", channel=self._channel, reason=reason)
-        self._live = live
+    def _set_live(self, live: bool) -> None:
+        was_live, self._live = self._live, live
         if live:
+            if not was_live:
+                log_event(logging.INFO, "jobs.wake.live", channel=self._channel)
             self._live_event.set()
         else:
             self._live_event.clear()
+            if was_live:
+                signal_wake_lost(self)
 
     async def _run(self) -> None:
-        backoff = 0.1
+        redial = Backoff(_REDIAL_FIRST_S, _REDIAL_MAX_S)
         while True:
             pubsub = self._subscriber.pubsub()
             try:
                 await pubsub.subscribe(self._channel)
-                await self._listen(pubsub)
+                await self._listen(pubsub, redial)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                self._set_live(False, repr(exc))
+                retry_in = redial.next()
+                if self._live:
+                    log_event(
+                        logging.WARNING,
+                        "jobs.wake.lost",
+                        channel=self._channel,
+                        reason=repr(exc),
+                        retry_in_s=retry_in,
+                    )
+                self._set_live(False)
                 if isinstance(exc, _ProbeUnansweredError) and not self._warned_unverified:
                     self._warned_unverified = True
                     log_event(
@@ -140,15 +152,13 @@ class RedisQueueWake:
                         "subscriber: a proxy between the worker and Redis may not carry "
                         "pub/sub; connect the worker to Redis directly",
                     )
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, _REDIAL_MAX_S)
-            else:
-                backoff = 0.1
+                await asyncio.sleep(retry_in)
             finally:
                 with contextlib.suppress(Exception):
                     await pubsub.aclose()  # type: ignore[no-untyped-call]
 
-    async def _listen(self, pubsub: Any) -> None:
+    async def _listen(self, pubsub: Any, redial: Backoff) -> None:
+        """Deliver, probing as it goes; a proof starts ``redial`` over. Returns only by raising."""
         loop = asyncio.get_running_loop()
         token: str | None = None
         sent_at = proven_at = 0.0
@@ -169,7 +179,8 @@ class RedisQueueWake:
             data = message["data"]
             if data == token:
                 token, proven_at = None, loop.time()
-                self._set_live(True, None)
+                redial.reset()
+                self._set_live(True)
             elif not data.startswith(_PROBE):
                 for listener in list(self._listeners):
                     listener(data)
