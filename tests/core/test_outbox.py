@@ -31,6 +31,7 @@ from ultimat3.jobs.core import (
     shutdown,
 )
 from ultimat3.jobs.core.memory import MemoryJobDriver, MemoryOutboxStore
+from ultimat3.jobs.core.wake import signal_wake_lost
 
 
 @dataclass
@@ -391,6 +392,11 @@ class StubWake:
         for listener in list(self.listeners):
             listener(name)
 
+    def lose(self) -> None:
+        """What a driver's wake does when its session dies."""
+        self.live = False
+        signal_wake_lost(self)
+
     async def close(self) -> None:
         return None
 
@@ -423,6 +429,27 @@ async def test_a_live_wake_raises_the_relays_idle_ceiling_to_five_seconds(
     await relay.stop()
     offsets = [round((at - start).total_seconds(), 3) for at in claims]
     assert offsets == [0, 0.2, 0.6, 1.4, 3.0, 6.2, 11.2]
+
+
+async def test_a_lost_wake_brings_a_pass_at_once_then_the_two_second_ceiling(
+    driver: MemoryJobDriver, clock: FrozenClock, store: MemoryOutboxStore
+) -> None:
+    """Idle on a live wake's word, the relay waits 5 s; once the wake loses its session, rows
+    staged meanwhile were announced to nobody, so the relay passes at once and then polls every
+    2 s. Another wake's loss is not this relay's."""
+    claims = claim_times(store, clock)
+    start = clock.now()
+    wake = StubWake(live=True)
+    relay = relay_of(store, driver, clock, wake=wake)
+    relay.start()
+    await run_clock(clock, 12)  # passes at 0, .2, .6, 1.4, 3, 6.2, 11.2; the next at 16.2
+    StubWake(live=True).lose()
+    await settle()
+    wake.lose()
+    await run_clock(clock, 6)
+    await relay.stop()
+    offsets = [round((at - start).total_seconds(), 3) for at in claims]
+    assert offsets == [0, 0.2, 0.6, 1.4, 3.0, 6.2, 11.2, 12, 14, 16, 18]
 
 
 async def test_a_full_batch_is_followed_by_another_pass_at_once(

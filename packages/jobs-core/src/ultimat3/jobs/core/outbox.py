@@ -46,7 +46,7 @@ from .lifecycle import (
 from .logs import log_event
 from .model import Enqueued, EnqueueRequest
 from .protocol import JobDriver, OutboxStore, QueueWake
-from .wake import signal_enqueued
+from .wake import on_wake_lost, signal_enqueued
 
 __all__ = [
     "DEFAULT_CLAIM_LEASE_MS",
@@ -149,7 +149,7 @@ class OutboxRelay:
         self._loop_task: asyncio.Task[None] | None = None
         self._stopping: asyncio.Task[None] | None = None
         self._unregister: Callable[[], None] | None = None
-        self._unsubscribe: Callable[[], None] | None = None
+        self._unsubscribe: list[Callable[[], None]] = []
 
     def start(self) -> None:
         """Begin relaying on the running event loop."""
@@ -157,7 +157,10 @@ class OutboxRelay:
             raise InvariantError("this relay was already started; build a new one")
         self._running = True
         if self._wake is not None:
-            self._unsubscribe = self._wake.subscribe(self._on_wake)
+            self._unsubscribe += (
+                self._wake.subscribe(self._on_wake),
+                on_wake_lost(self._on_wake_lost),
+            )
         self._loop_task = asyncio.get_running_loop().create_task(self._loop())
         if self._drain_on_shutdown:
             self._unregister = on_shutdown(self._accept, self._close)
@@ -181,6 +184,12 @@ class OutboxRelay:
         if queue == OUTBOX_WAKE and self._running:
             self._wakeup.ring()
 
+    def _on_wake_lost(self, wake: QueueWake) -> None:
+        """A pass now: what the lost session would have announced was lost with it, and a wait
+        stretched to 5 s on its word would hold staged rows past the 2 s the poll promises."""
+        if wake is self._wake and self._running:
+            self._wakeup.ring()
+
     def _idle_ceiling(self) -> float:
         return idle_ceiling(self._idle_max, self._wake)
 
@@ -202,9 +211,9 @@ class OutboxRelay:
         if self._unregister is not None:
             self._unregister()
             self._unregister = None
-        if self._unsubscribe is not None:
-            self._unsubscribe()
-            self._unsubscribe = None
+        for undo in self._unsubscribe:
+            undo()
+        self._unsubscribe.clear()
 
     async def _loop(self) -> None:
         idle = self._interval
@@ -218,8 +227,9 @@ class OutboxRelay:
                 wait = 0.0  # a full batch: more is likely waiting
             elif published:
                 wait = idle = self._interval
-            else:
-                wait, idle = idle, min(idle * 2, max(self._idle_ceiling(), self._interval))
+            else:  # the ceiling is read now: it drops when the wake stops being live
+                ceiling = max(self._idle_ceiling(), self._interval)
+                wait, idle = min(idle, ceiling), min(idle * 2, ceiling)
             if self._running:
                 await self._wakeup.wait(self._clock, wait)
 
