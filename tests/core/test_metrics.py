@@ -12,12 +12,15 @@ from prometheus_client import CollectorRegistry
 from support.eventually import until
 
 from ultimat3.jobs.core import (
+    EnqueueRequest,
     FrozenClock,
     JobMetrics,
     Retry,
     job,
     job_metrics,
     job_worker,
+    memory_job_driver,
+    new_id,
     observe_queues,
 )
 from ultimat3.jobs.core.memory import MemoryJobDriver
@@ -127,6 +130,34 @@ async def test_a_queue_emptied_since_the_last_read_reads_zero(
     await observe_queues(driver, metrics)
     for gauge in ("queue_depth", "queue_oldest_ready_seconds", "queue_dead_jobs"):
         assert sample(registry, gauge, queue="emptied") == 0
+
+
+async def test_a_queue_is_zeroed_only_by_the_driver_that_listed_it(clock: FrozenClock) -> None:
+    """One process watching two drivers: a read of one does not empty the other's queues."""
+    registry = CollectorRegistry()
+    metrics = JobMetrics(registry=registry)
+    billing, mail = memory_job_driver(clock=clock), memory_job_driver(clock=clock)
+    await billing.enqueue(_request("billing", clock))
+    await mail.enqueue(_request("mail", clock))
+    await observe_queues(billing, metrics)
+    await observe_queues(mail, metrics)
+    await observe_queues(billing, metrics)
+    assert sample(registry, "queue_depth", queue="billing") == 1
+    assert sample(registry, "queue_depth", queue="mail") == 1
+
+
+def _request(queue: str, clock: FrozenClock) -> EnqueueRequest:
+    return EnqueueRequest(
+        id=new_id(),
+        run_id=new_id(),
+        name="metered",
+        queue=queue,
+        input={},
+        idempotency_key=new_id(),
+        tenant_id=None,
+        max_attempts=1,
+        run_at=clock.now(),
+    )
 
 
 def test_lost_leases_count_per_queue() -> None:

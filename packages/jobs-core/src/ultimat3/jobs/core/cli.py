@@ -35,6 +35,7 @@ from .introspection import (
 )
 from .model import BulkFilter, JobFilter, JobState
 from .protocol import JobDriver
+from .refusals import job_not_found
 
 __all__ = ["driver_for_url", "main"]
 
@@ -122,7 +123,8 @@ async def _jobs_list(args: argparse.Namespace, driver: JobDriver) -> int:
 
 
 async def _jobs_remove(args: argparse.Namespace, driver: JobDriver) -> int:
-    await remove_job(driver, args.id)
+    if not await remove_job(driver, args.id):  # as show, retry and promote answer a typo
+        raise job_not_found(args.id)
     _emit(args, {"removed": args.id}, [f"removed {args.id}"])
     return 0
 

@@ -24,7 +24,6 @@ from .errors import (
 from .job import JobDescriptor
 from .model import JobFilter, JobPage, JobRow, JobState, JsonValue, QueueStats, StepRecord
 from .protocol import JobDriver, JobIntrospection
-from .refusals import job_not_found
 from .registry import registered_jobs, registered_tasks
 from .task import TaskDescriptor
 
@@ -144,12 +143,10 @@ async def cancel_job(driver: JobDriver, job_id: str, reason: str | None = None) 
     return row
 
 
-async def remove_job(driver: JobDriver, job_id: str) -> None:
-    """Delete one job and its steps. An id no queue holds is ``X_JOB_NOT_FOUND``, as for retry
-    and promote: a mistyped id must not read as removed. A running job is
+async def remove_job(driver: JobDriver, job_id: str) -> bool:
+    """Delete one job and its steps; False when no queue holds ``job_id``. A running job is
     ``X_JOB_NOT_REMOVABLE``."""
-    if not await introspection_of(driver).remove(job_id):
-        raise job_not_found(job_id)
+    return await introspection_of(driver).remove(job_id)
 
 
 async def promote_job(driver: JobDriver, job_id: str) -> JobRow:

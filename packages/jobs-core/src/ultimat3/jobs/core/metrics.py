@@ -93,8 +93,9 @@ class JobMetrics:
                 "queue_dead_jobs", "Rows in the dead-letter queue", ["queue"], **where
             )
         self._settled: dict[tuple[str, str], Any] = {}
-        self._observed: set[str] = set()
-        """Queues a read has shown: one a later read no longer shows holds no row at all."""
+        self._listed: dict[object, set[str]] = {}
+        """Per source (a driver), the queues its last read listed: one its next read no longer
+        lists holds no row there any more."""
 
     def settled(self, queue: str, outcome: JobOutcome, count: int = 1) -> None:
         """``count`` attempts of ``queue`` ended with ``outcome``."""
@@ -109,10 +110,11 @@ class JobMetrics:
     def lease_lost(self, queue: str) -> None:
         self.leases_lost.labels(queue).inc()
 
-    def observe(self, stats: Iterable[QueueStats], now: datetime) -> None:
-        """Set the queue gauges from one stats read. A queue it no longer lists (emptied by an
-        operator or by retention) reads 0: its last values would otherwise stay, and an alert on
-        the oldest ready row would keep firing for a queue with nothing in it."""
+    def observe(self, stats: Iterable[QueueStats], now: datetime, *, source: object = None) -> None:
+        """Set the queue gauges from one stats read of ``source``. A queue the source's last read
+        listed and this one does not (emptied by an operator or by retention) reads 0, unless
+        another source lists it: its last values would otherwise stay, and an alert on the oldest
+        ready row would keep firing for a queue with nothing in it."""
         listed: set[str] = set()
         for queue in stats:
             listed.add(queue.queue)
@@ -122,10 +124,12 @@ class JobMetrics:
             if queue.oldest_ready_at is not None:
                 age = max(0.0, (now - queue.oldest_ready_at).total_seconds())
             self.oldest_ready.labels(queue.queue).set(age)
-        for emptied in self._observed - listed:
+        before = self._listed.get(source, set())
+        self._listed[source] = listed
+        elsewhere = set().union(*(q for s, q in self._listed.items() if s is not source))
+        for emptied in before - listed - elsewhere:
             for gauge in (self.depth, self.dead, self.oldest_ready):
                 gauge.labels(emptied).set(0)
-        self._observed |= listed
 
 
 _default: JobMetrics | None = None
@@ -141,4 +145,4 @@ def job_metrics() -> JobMetrics:
 
 async def observe_queues(driver: JobDriver, metrics: JobMetrics | None = None) -> None:
     """Refresh the queue gauges from one ``driver.stats()`` read."""
-    (metrics or job_metrics()).observe(await driver.stats(), driver.clock.now())
+    (metrics or job_metrics()).observe(await driver.stats(), driver.clock.now(), source=driver)
