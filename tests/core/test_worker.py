@@ -362,44 +362,50 @@ async def test_a_notification_from_another_process_starts_a_pass_and_resets_the_
     assert offsets == [0, 0.25, 0.75, 1.75, 3.75, 4, 4.25]
 
 
+async def claims_around(
+    driver: MemoryJobDriver,
+    clock: FrozenClock,
+    wake: FakeWake,
+    event: Callable[[], None],
+    *,
+    after: float,
+) -> list[float]:
+    """The seconds of each claim of an idle worker on ``wake``: 8 s idle (passes at 0, .25,
+    .75, 1.75, 3.75 and 7.75, the wait in progress ending at 12.75), ``event``, ``after`` more."""
+    spy = ClaimSpy(driver)
+    start = clock.now()
+    async with spy.worker(queues=["q"], wake=wake, clock=clock):
+        await run_clock(clock, 8)
+        event()
+        await run_clock(clock, after)
+    return [(at - start).total_seconds() for at, _ in spy.claims]
+
+
 async def test_a_wake_losing_its_session_brings_a_pass_at_once_then_the_two_second_ceiling(
     driver: MemoryJobDriver, clock: FrozenClock
 ) -> None:
-    spy = ClaimSpy(driver)
     wake = FakeWake(live=True)
-    start = clock.now()
-    async with spy.worker(queues=["q"], wake=wake, clock=clock):
-        await run_clock(clock, 8)  # passes at 0, .25, .75, 1.75, 3.75, 7.75; next at 12.75
-        wake.lose()
-        await run_clock(clock, 6)
-    offsets = [(at - start).total_seconds() for at, _ in spy.claims]
+    offsets = await claims_around(driver, clock, wake, wake.lose, after=6)
     assert offsets == [0, 0.25, 0.75, 1.75, 3.75, 7.75, 8, 8.25, 8.75, 9.75, 11.75, 13.75]
 
 
 async def test_another_wakes_loss_rings_nothing(
     driver: MemoryJobDriver, clock: FrozenClock
 ) -> None:
-    spy = ClaimSpy(driver)
-    start = clock.now()
-    async with spy.worker(queues=["q"], wake=FakeWake(live=True), clock=clock):
-        await run_clock(clock, 8)
-        FakeWake(live=True).lose()
-        await run_clock(clock, 5)
-    offsets = [(at - start).total_seconds() for at, _ in spy.claims]
+    other = FakeWake(live=True)
+    offsets = await claims_around(driver, clock, FakeWake(live=True), other.lose, after=5)
     assert offsets == [0, 0.25, 0.75, 1.75, 3.75, 7.75, 12.75]
 
 
 async def test_a_wake_that_stops_being_live_caps_the_next_wait_at_the_two_second_ceiling(
     driver: MemoryJobDriver, clock: FrozenClock
 ) -> None:
-    spy = ClaimSpy(driver)
     wake = FakeWake(live=True)
-    start = clock.now()
-    async with spy.worker(queues=["q"], wake=wake, clock=clock):
-        await run_clock(clock, 8)  # the wait in progress ends at 12.75 and the next was 5 s
-        wake.live = False  # a wake that signals nothing: the ceiling is read as each wait begins
-        await run_clock(clock, 7)
-    offsets = [(at - start).total_seconds() for at, _ in spy.claims]
+
+    def silently_lost() -> None:  # a wake that signals nothing: the ceiling is read at each wait
+        wake.live = False
+
+    offsets = await claims_around(driver, clock, wake, silently_lost, after=7)
     assert offsets == [0, 0.25, 0.75, 1.75, 3.75, 7.75, 12.75, 14.75]
 
 
