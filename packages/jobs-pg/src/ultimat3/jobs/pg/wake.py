@@ -54,8 +54,12 @@ returns a fresh autocommit connection (called again after a session is lost)."""
 
 _PROBE_TIMEOUT_S = 5.0
 _REDIAL_FIRST_S = 0.25
+"""The first wait before a re-dial, and before a probe sent again while the session is unproven."""
 _REDIAL_MAX_S = 10.0
-"""The back-off of a re-dial, and of a probe sent again while the session is unproven."""
+"""Where a re-dial's back-off stops."""
+_REPROBE_MAX_S = 60.0
+"""Where the probe's back-off stops: behind a transaction-pooling proxy no probe ever arrives,
+and an idle worker there should send one statement a minute for it, not six."""
 _KEEPALIVES = {
     "keepalives": 1,
     "keepalives_idle": 30,
@@ -187,7 +191,7 @@ class PgQueueWake:
     async def _prove(self) -> None:
         """Probe until a probe arrives on the session, which makes the wake live; the session's
         end cancels it. One failed probe must not leave a whole session unproven."""
-        again = Backoff(_REDIAL_FIRST_S, _REDIAL_MAX_S)
+        again = Backoff(_REDIAL_FIRST_S, _REPROBE_MAX_S)
         while not await self._probe_once():
             await self._clock.sleep(again.next())
         self._live = True
