@@ -118,19 +118,26 @@ class Tick:
     n: int
 
 
+def counting_tick(name: str, runs: Counter[int], pause: float) -> JobHandle[Tick, None]:
+    """A job on a queue of its own that counts its runs in ``runs`` and takes ``pause`` s."""
+
+    @job(
+        name=name,
+        input=Tick,
+        idempotency_key=lambda i: f"{name}:{i.n}",
+        tenant="none",
+        queue=name,
+        retry=Retry(attempts=20, delay=0.01, jitter=False),
+    )
+    async def tick(*, input: Tick) -> None:
+        runs[input.n] += 1
+        await asyncio.sleep(pause)
+
+    return tick
+
+
 RUNS: Counter[int] = Counter()
-
-
-@job(
-    input=Tick,
-    idempotency_key=lambda i: f"pg-fault-tick:{i.n}",
-    tenant="none",
-    queue="pg-faults",
-    retry=Retry(attempts=20, delay=0.01, jitter=False),
-)
-async def pg_fault_tick(*, input: Tick) -> None:
-    RUNS[input.n] += 1
-    await asyncio.sleep(0.002)
+pg_fault_tick = counting_tick("pg-faults", RUNS, 0.002)
 
 
 async def test_a_worker_loses_nothing_while_its_connections_are_terminated(pg_url: str) -> None:
@@ -143,18 +150,7 @@ async def test_a_worker_loses_nothing_while_its_connections_are_terminated(pg_ur
 
 
 SLOW_RUNS: Counter[int] = Counter()
-
-
-@job(
-    input=Tick,
-    idempotency_key=lambda i: f"pg-restart-tick:{i.n}",
-    tenant="none",
-    queue="pg-restart",
-    retry=Retry(attempts=20, delay=0.01, jitter=False),
-)
-async def pg_restart_tick(*, input: Tick) -> None:
-    SLOW_RUNS[input.n] += 1
-    await asyncio.sleep(0.05)  # long enough that the restart lands mid-run
+pg_restart_tick = counting_tick("pg-restart", SLOW_RUNS, 0.05)  # the restart lands mid-run
 
 
 async def test_a_worker_loses_nothing_across_a_server_restart(private_postgres: Found) -> None:
