@@ -194,7 +194,8 @@ class RedisIntrospection:
         if action == "remove" and filter.name is None and filter.tenant_id is None:
             # Every row of the sources matches: what remains is their size.
             return BulkResult(affected=moved, remaining=await self._ns.sizes(sources))
-        return BulkResult(affected=moved, remaining=await self._left(action, filter, queues, last))
+        left = await self._left(action, filter, queues, last, now)
+        return BulkResult(affected=moved, remaining=left)
 
     async def _act(
         self,
@@ -246,11 +247,12 @@ class RedisIntrospection:
         filter: BulkFilter,
         queues: builtins.list[str],
         after: Position,
+        now: datetime,
     ) -> int:
         """What a next call could move: the rows past ``after`` that match (the walk examined
         every row up to it: those that matched moved, or are held and stay held), counted exactly
-        a page per ``bulk_count`` call, so the server is never held for the whole count."""
-        now = self._ns.clock.now()
+        a page per ``bulk_count`` call, so the server is never held for the whole count. ``now``
+        is the action's own: a row it left waiting is counted as waiting."""
         matched, free = 0, set()
         for queue in queues:
             source = self._ns.state_key(queue, filter.state.value)
