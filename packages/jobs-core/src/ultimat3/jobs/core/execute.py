@@ -196,7 +196,6 @@ async def execute_job(
     else:
         run_signal = deadline.signal if signal is None else any_signal(signal, deadline.signal)
     value: Any = None
-    actor = Actor(id=f"job:{handle.name}", org_id=None)
     try:
         value = handle.codec.parse(claimed.input)
         declared = handle.tenant_of(value)

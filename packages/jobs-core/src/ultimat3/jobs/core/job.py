@@ -353,22 +353,20 @@ class JobHandle(registry.Declared, Generic[InputT, ResultT]):
         """Call the body directly, as a test that drives it by hand does. ``final_attempt`` is
         required: the caller states it (``is_final_attempt(handle.retry, attempt)`` is the
         worker's own answer)."""
-        return await self.call_body(
-            {
-                "input": input,
-                "step": step,
-                "ctx": ctx,
-                "attempt": attempt,
-                "final_attempt": final_attempt,
-                "job_id": job_id,
-                "run_id": run_id,
-                "progress": progress if progress is not None else _no_progress,
-            }
-        )
+        offered = {
+            "input": input,
+            "step": step,
+            "ctx": ctx,
+            "attempt": attempt,
+            "final_attempt": final_attempt,
+            "job_id": job_id,
+            "run_id": run_id,
+            "progress": progress if progress is not None else _no_progress,
+        }
+        return await self.call_body({name: offered[name] for name in self.parameters})
 
-    async def call_body(self, available: Mapping[str, Any]) -> ResultT:
-        """Call the body with exactly the parameters it declares."""
-        kwargs = {name: available[name] for name in self.parameters}
+    async def call_body(self, kwargs: Mapping[str, Any]) -> ResultT:
+        """Call the body with ``kwargs``: exactly the parameters it declares, by name."""
         if self._body_is_async:
             return cast(ResultT, await self.body(**kwargs))
         result = await asyncio.to_thread(self.body, **kwargs)

@@ -768,7 +768,7 @@ class JobWorker:
         services: Any = None
         try:
             services = self._context()
-            if inspect.isawaitable(services):
+            if services is not None and inspect.isawaitable(services):
                 services = await services
         except Exception as exc:
             failure = exc

@@ -208,7 +208,7 @@ class PostgresJobDriver:
         if not rows:
             return ClaimBatch()
         order = {queue: index for index, queue in enumerate(wanted)}
-        rows.sort(key=lambda row: (order[row[4]], utc(row[10]), row[1]))
+        rows.sort(key=lambda row: (order[row[4]], row[10], row[1]))
         jobs: list[ClaimedJob] = []
         exhausted: list[ExhaustedJob] = []
         for row in rows:
