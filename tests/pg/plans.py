@@ -9,7 +9,7 @@ from psycopg import AsyncClientCursor
 
 from ultimat3.jobs.pg.executor import PgExecutor, on_the_wire
 
-__all__ = ["plan_of", "scans_run"]
+__all__ = ["as_prepared", "plan_of", "scans_run"]
 
 
 async def plan_of(
@@ -20,14 +20,7 @@ async def plan_of(
     if not generic:
         rows = await executor.fetch("explain " + query, params, prepare=False)
         return "\n".join(row[0] for row in rows)
-    names: list[str] = []
-
-    def number(found: re.Match[str]) -> str:
-        if found[1] not in names:
-            names.append(found[1])
-        return f"${names.index(found[1]) + 1}"
-
-    text = re.sub(r"%\((\w+)\)s", number, on_the_wire(query))
+    text, names = as_prepared(query)
     async with executor.connection() as conn:
         # Session-wide and undone by hand: a rollback would make psycopg deallocate every
         # statement this session prepared, "explained" among them.
@@ -43,6 +36,19 @@ async def plan_of(
         finally:
             await conn.execute("deallocate explained", prepare=False)
             await conn.execute("reset plan_cache_mode", prepare=False)
+
+
+def as_prepared(query: str) -> tuple[str, list[str]]:
+    """``query`` as the server holds it once prepared (``$n`` for each ``%(name)s``, numbered in
+    order of first use, as psycopg sends it), and the parameter names in that order."""
+    names: list[str] = []
+
+    def number(found: re.Match[str]) -> str:
+        if found[1] not in names:
+            names.append(found[1])
+        return f"${names.index(found[1]) + 1}"
+
+    return re.sub(r"%\((\w+)\)s", number, on_the_wire(query)), names
 
 
 async def scans_run(

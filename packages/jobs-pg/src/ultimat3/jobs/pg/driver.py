@@ -195,8 +195,7 @@ class PostgresJobDriver:
         rows = await self._executor.fetch(
             SQL_CLAIM,
             {
-                "queues": list(wanted),
-                "limits": list(wanted.values()),
+                "slots": dump_json([{"queue": q, "free": n} for q, n in wanted.items()]),
                 "now": now,
                 "lease_until": lease_until,
                 "worker_id": worker_id,
