@@ -45,7 +45,7 @@ class InputCodec(Generic[InputT]):
         """The typed input from a stored (or caller-supplied) value; ``X_VALIDATION`` if it
         does not fit."""
         try:
-            return cast(InputT, self._parse(raw))
+            value: InputT = self._parse(raw)
         except JobInputInvalidError:
             raise
         except Exception as exc:
@@ -53,6 +53,7 @@ class InputCodec(Generic[InputT]):
                 f"input does not parse as {self.type_name}: {exc}",
                 meta={"input_type": self.type_name},
             ) from exc
+        return value
 
     def _parse(self, raw: Any) -> Any:
         if self.kind == "none":

@@ -243,9 +243,10 @@ async def execute_job(
         if not landed:
             return _unowned(execution, "ack")
         execution.outcome, execution.settled = "completed", True
-        execution.on_settled_error = await _tell(
-            handle, "completed", claimed, value, attempt.hook_context, result=ending.result
-        )
+        if handle.on_settled is not None:
+            execution.on_settled_error = await _tell(
+                handle, "completed", claimed, value, attempt.hook_context, result=ending.result
+            )
     elif ending.kind == "suspended":
         assert ending.resume_at is not None
         await _hand_back(driver, claimed, execution, ending.resume_at, "suspended", park=True)

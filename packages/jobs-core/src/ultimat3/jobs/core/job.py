@@ -368,7 +368,8 @@ class JobHandle(registry.Declared, Generic[InputT, ResultT]):
     async def call_body(self, kwargs: Mapping[str, Any]) -> ResultT:
         """Call the body with ``kwargs``: exactly the parameters it declares, by name."""
         if self._body_is_async:
-            return cast(ResultT, await self.body(**kwargs))
+            returned: ResultT = await self.body(**kwargs)
+            return returned
         result = await asyncio.to_thread(self.body, **kwargs)
         if inspect.isawaitable(result):
             result = await result

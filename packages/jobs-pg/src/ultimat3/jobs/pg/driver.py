@@ -16,6 +16,7 @@ from __future__ import annotations
 import builtins
 from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime, timedelta
+from operator import itemgetter
 
 from ultimat3.jobs.core.clock import SYSTEM_CLOCK, Clock
 from ultimat3.jobs.core.coalesce import Coalescer
@@ -57,6 +58,8 @@ from .sql_settle import SQL_ACK, SQL_HEARTBEAT, SQL_NACK, SQL_SAVE_STEP
 __all__ = ["PostgresJobDriver", "postgres_job_driver"]
 
 _MINUTE = COUNTER_TIERS[0][0]
+_BY_JOB_ID = itemgetter(0)
+"""A settle's job id: a batch holds each job at most once."""
 _ENQUEUE_CHUNK = 5_000
 """Requests per enqueue statement: large enough that a fan-out is a handful of statements, small
 enough that one statement's arrays stay a few megabytes."""
@@ -96,13 +99,13 @@ class PostgresJobDriver:
         self._backfills = PostgresBackfillLedger(self._executor, clock)
         self._events = PostgresEventBus(self._executor)
         self._acks: Coalescer[_Ack, bool] = Coalescer(
-            self._flush_acks, key=lambda item: item[0], max_batch=settle_batch
+            self._flush_acks, key=_BY_JOB_ID, max_batch=settle_batch
         )
         self._nacks: Coalescer[_Nack, bool] = Coalescer(
-            self._flush_nacks, key=lambda item: item[0], max_batch=settle_batch
+            self._flush_nacks, key=_BY_JOB_ID, max_batch=settle_batch
         )
         self._heartbeats: Coalescer[_Heartbeat, bool] = Coalescer(
-            self._flush_heartbeats, key=lambda item: item[0], max_batch=settle_batch
+            self._flush_heartbeats, key=_BY_JOB_ID, max_batch=settle_batch
         )
 
     # -- the optional parts -----------------------------------------------------------------
