@@ -34,11 +34,11 @@ SQL_CLAIM = """
 -- as an array, which always plans as a TID scan of just those rows: JOINED on ctid, the
 -- planner may instead hash the whole table, finished rows included (EXPLAIN showed it do so).
 --
--- Why the slots travel as one JSON document, not as two arrays: the planner counts the elements
--- of an array it is handed as a value, so each call's own plan (a custom plan) costs a
--- one-queue claim at a third of what the plan made once for any arrays (the generic plan)
--- does, and the plan cache kept choosing custom plans: the statement was planned again on
--- every claim, about 0.7 ms of server time, most of a claim of 50. A JSON document gets the
+-- Why the slots travel as one JSON document, not as two arrays: the planner reads the length of
+-- an array handed to it as a value, so the plan made for each call (a custom plan) priced a
+-- one-queue claim below the plan made once for any arrays (the generic plan, which guesses
+-- three queues), and the plan cache kept making custom plans: the statement was planned again
+-- on every claim, about 0.7 ms of server time, most of a claim of 50. A JSON document gets the
 -- same estimate whatever it holds, so after its first runs the plan cache keeps one plan.
 --
 -- Why synchronous_commit is off for this statement alone: a claim lost in a server crash only

@@ -11,8 +11,8 @@ length: the planner would guess a JSON document at 100 rows, and judge looking a
 by id dearer than reading the whole table. A limit it cannot read (the subquery) it takes for a
 tenth of that, in every plan: a plain ``limit count`` made each call's own plan (a custom plan)
 look cheaper than the one made once for any count (the generic plan) whenever the batch was
-small, and the plan cache kept planning the statement again on every call, which cost a batch
-of five more than its writes.
+small, and the plan cache kept planning the statement again on every call: an ack of five took
+a quarter longer.
 
 The fence reads ``(state = 'running') is true``, not ``state = 'running'``: the two agree (state
 is never null), but only the plain form lets the planner serve the write from the live-key index,
