@@ -116,6 +116,25 @@ def test_jobs_show_redacts_secrets(
     assert shown["row"]["input"] == {"name": "d", "password": "[redacted]"}
 
 
+def test_every_command_that_prints_a_row_redacts_its_secrets(
+    use_driver: MemoryJobDriver, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Not only show: list, cancel, retry and promote print rows too, as JSON and as text."""
+    import asyncio
+
+    job_id = asyncio.run(enqueue("s"))
+    code, page = run(capsys, "jobs", "list", "--json")
+    assert (code, page["rows"][0]["input"]) == (0, {"name": "s", "password": "[redacted]"})
+    later = asyncio.run(build_report_for_cli.enqueue(Report("later"), delay=60)).id
+    for argv in (("cancel", job_id), ("retry", job_id), ("promote", later)):
+        code, row = run(capsys, "jobs", *argv, "--json")
+        assert (code, row["input"]["password"]) == (0, "[redacted]"), (argv, row)
+    for argv in (("list",), ("cancel", job_id)):
+        code, text = run(capsys, "jobs", *argv)
+        assert code == 0
+        assert "hunter2" not in text, (argv, text)
+
+
 def test_an_unknown_id_answers_its_code(
     use_driver: MemoryJobDriver, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import sys
@@ -29,11 +30,12 @@ from .introspection import (
     inspect_queues,
     introspection_of,
     promote_job,
+    redact,
     remove_job,
     retry_job,
     to_jsonable,
 )
-from .model import BulkFilter, JobFilter, JobState
+from .model import BulkFilter, JobFilter, JobRow, JobState
 from .protocol import JobDriver
 from .refusals import job_not_found
 
@@ -104,16 +106,12 @@ async def _jobs_list(args: argparse.Namespace, driver: JobDriver) -> int:
         )
     )
 
-    lines = [
-        f"{row.id}  {row.state.value:<9} {row.queue:<12} {row.name:<24} "
-        f"attempt {row.attempt}/{row.max_attempts}  {row.created_at:%Y-%m-%d %H:%M:%S}"
-        for row in page.rows
-    ]
+    lines = [_row_line(row) for row in page.rows]
     if not page.last:
         lines.append(f"-- more: --after {job_cursor(page.rows[-1])}")
     # The cursors a JSON reader pages with (they are opaque: it cannot build them from a row).
     paged = {
-        **to_jsonable(page),
+        **to_jsonable(dataclasses.replace(page, rows=[_redacted(row) for row in page.rows])),
         "last": page.last,
         "next_after": job_cursor(page.rows[-1]) if page.rows else None,
         "prev_before": job_cursor(page.rows[0]) if page.rows else None,
@@ -152,14 +150,26 @@ async def _jobs_show(args: argparse.Namespace, driver: JobDriver) -> int:
 
 
 def _row_command(
-    act: Callable[[argparse.Namespace, JobDriver], Awaitable[Any]],
+    act: Callable[[argparse.Namespace, JobDriver], Awaitable[JobRow]],
 ) -> Callable[[argparse.Namespace, JobDriver], Awaitable[int]]:
     async def run(args: argparse.Namespace, driver: JobDriver) -> int:
-        result = await act(args, driver)
-        _emit(args, result, [str(result)])
+        row = _redacted(await act(args, driver))
+        _emit(args, row, [_row_line(row)])
         return 0
 
     return run
+
+
+def _redacted(row: JobRow) -> JobRow:
+    """A row as the CLI prints it: its input redacted, as ``show`` prints it."""
+    return dataclasses.replace(row, input=redact(row.input))
+
+
+def _row_line(row: JobRow) -> str:
+    return (
+        f"{row.id}  {row.state.value:<9} {row.queue:<12} {row.name:<24} "
+        f"attempt {row.attempt}/{row.max_attempts}  {row.created_at:%Y-%m-%d %H:%M:%S}"
+    )
 
 
 def _bulk(member: str) -> Callable[[argparse.Namespace, JobDriver], Awaitable[int]]:
@@ -254,9 +264,9 @@ async def _manifest(args: argparse.Namespace) -> int:
 
 
 def _by_id(
-    act: Callable[[JobDriver, str], Awaitable[Any]],
-) -> Callable[[argparse.Namespace, JobDriver], Awaitable[Any]]:
-    async def run(args: argparse.Namespace, driver: JobDriver) -> Any:
+    act: Callable[[JobDriver, str], Awaitable[JobRow]],
+) -> Callable[[argparse.Namespace, JobDriver], Awaitable[JobRow]]:
+    async def run(args: argparse.Namespace, driver: JobDriver) -> JobRow:
         return await act(driver, args.id)
 
     return run
