@@ -103,7 +103,12 @@ SQL_OUTBOX_CLAIM = """
 -- The candidates are chosen and locked in a MATERIALIZED CTE before the UPDATE, so the planner
 -- cannot fold the LIMIT away and stamp more rows than it hands back; the UPDATE finds them by
 -- id as an array, which always plans as a primary-key lookup (a join let a generic plan hash
--- the whole table).
+-- the whole table). The fence reads x_outbox_claimed_idx, the held rows alone (its
+-- `claimed_by <> claimant` implies the index's `claimed_by is not null`), and bounds the walk
+-- of the pending rows as a row comparison, which the index scan stops at: asked as NOT EXISTS,
+-- every row after the fence was read and refused, the whole backlog on every pass while another
+-- relay held a batch. The LIMIT reads its value through a subquery: a plain parameter made the
+-- plan of each call's own values look cheaper, and the statement was planned again on every pass.
 with fence as (
     select staged_at, id
     from x_outbox
@@ -118,9 +123,12 @@ free as materialized (
     from x_outbox o
     where o.published_at is null
       and (o.claimed_by is null or o.claimed_by = %(claimant)s or o.claimed_at <= %(lapsed_before)s)
-      and not exists (select 1 from fence f where (o.staged_at, o.id) >= (f.staged_at, f.id))
+      and (o.staged_at, o.id) < (
+          coalesce((select staged_at from fence), 'infinity'),
+          coalesce((select id from fence), '')
+      )
     order by o.staged_at, o.id
-    limit %(limit)s
+    limit (select %(limit)s::int)
     for update
 ),
 claimed as (
