@@ -21,6 +21,7 @@ from ultimat3.jobs.core import (
     JobInputInvalidError,
     JobState,
     JobTenantMismatchError,
+    JobTenantRequiredError,
     job,
     reset_job_driver,
 )
@@ -189,6 +190,33 @@ async def test_a_concurrency_key_that_is_empty_or_too_long_is_refused_at_enqueue
     with pytest.raises(JobConcurrencyKeyInvalidError) as caught:
         await sync_for_enqueue.enqueue(Account(account_id=key))
     assert caught.value.code == "X_JOB_DECLARATION_INVALID"
+    assert await rows(driver) == []
+
+
+class Invoice(BaseModel):
+    org_id: str | None
+    number: int
+
+
+@job(
+    input=Invoice,
+    idempotency_key=lambda i: f"invoice:{i.number}",
+    tenant=lambda i: i.org_id,
+)
+async def bill_for_enqueue(*, input: Invoice) -> None:
+    return None
+
+
+@pytest.mark.parametrize("org", [None, ""])
+async def test_a_tenant_function_that_names_no_org_is_refused_at_enqueue(
+    driver: MemoryJobDriver, org: str | None
+) -> None:
+    """A run with no org would fail its first tenant-scoped read, long after the enqueue; an
+    empty org would also share its keys with every other input that names none."""
+    with pytest.raises(JobTenantRequiredError) as caught:
+        await bill_for_enqueue.enqueue(Invoice(org_id=org, number=1))
+    assert caught.value.code == "X_JOB_TENANT_REQUIRED"
+    assert caught.value.meta == {"job": "bill_for_enqueue"}
     assert await rows(driver) == []
 
 

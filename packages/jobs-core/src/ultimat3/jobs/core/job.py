@@ -227,6 +227,13 @@ class JobHandle(registry.Declared, Generic[InputT, ResultT]):
         key = self.idempotency_key_of(parsed)
         self.concurrency_lease(parsed)
         declared = self.tenant_of(parsed)
+        if self.tenant != "none" and not declared:
+            raise JobTenantRequiredError(
+                f"{self.name}: tenant(input) answered {declared!r}, no org to run for; a job "
+                "declared with a tenant function needs one on every input, and work that "
+                "belongs to no tenant declares tenant='none'",
+                meta={"job": self.name},
+            )
         if actor is not None:
             if self.tenant != "none" and actor.org_id != declared:
                 raise JobTenantMismatchError(
