@@ -16,7 +16,7 @@ from ultimat3.jobs.core import (
     JobState,
     new_id,
 )
-from ultimat3.jobs.core.model import ClaimRef
+from ultimat3.jobs.core.model import AckOptions, ClaimRef, NackOptions
 from ultimat3.jobs.pg import (
     PostgresJobDriver,
     jobs_transaction,
@@ -122,6 +122,30 @@ async def test_a_heartbeat_whose_answer_was_lost_is_run_again_and_still_holds_th
     [job] = (await lossy.claim(worker_id="w", slots={"q": 1}, visibility_timeout=30)).jobs
     faults.lose_answers()
     assert await lossy.heartbeat(job.id, ClaimRef("w", job.claim.claim), 60)
+
+
+async def test_an_ack_whose_answer_was_lost_is_run_again_and_counted_once(
+    lossy: PostgresJobDriver, faults: Faults, clock: FrozenClock
+) -> None:
+    """The job ran; only the ack's answer was lost. Raising would leave the row to come back
+    when its lease lapsed, as if the run had died: the job would run a second time."""
+    await lossy.enqueue(request(clock))
+    [job] = (await lossy.claim(worker_id="w", slots={"q": 1}, visibility_timeout=30)).jobs
+    faults.lose_answers()
+    assert await lossy.ack(job.id, AckOptions("w", job.claim.claim, 12))
+    assert await count(lossy, "select count(*) from x_jobs where state = 'done'") == 1
+    assert await count(lossy, "select coalesce(sum(done), 0) from x_job_counters") == 1
+
+
+async def test_a_nack_whose_answer_was_lost_raises_rather_than_answering_false(
+    lossy: PostgresJobDriver, faults: Faults, clock: FrozenClock
+) -> None:
+    await lossy.enqueue(request(clock))
+    [job] = (await lossy.claim(worker_id="w", slots={"q": 1}, visibility_timeout=30)).jobs
+    faults.lose_answers()
+    with pytest.raises(DriverUnavailableError):
+        await lossy.nack(job.id, NackOptions("w", job.claim.claim, error="boom"))
+    assert await count(lossy, "select count(*) from x_jobs where state = 'ready'") == 1
 
 
 async def test_a_lease_acquire_whose_answer_was_lost_answers_the_slot_it_took(

@@ -11,13 +11,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
+from datetime import timedelta
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError, ResponseError
 
-from ultimat3.jobs.core import AckOptions, EnqueueRequest, FrozenClock, JobState
+from ultimat3.jobs.core import AckOptions, EnqueueRequest, FrozenClock, JobState, NackOptions
 from ultimat3.jobs.redis import RedisJobDriver, redis_job_driver
 from ultimat3.jobs.redis.wire import Wire, pack
 
@@ -213,17 +214,32 @@ async def test_an_enqueue_whose_reply_was_lost_raises_instead_of_answering_dedup
     assert (await relayed.enqueue(request)).deduped  # it did land, once
 
 
-async def test_an_ack_whose_reply_was_lost_raises_instead_of_answering_false(
+async def test_an_ack_whose_reply_was_lost_is_sent_again_and_counted_once(
+    relay: Relay, relayed: RedisJobDriver, new_request: RequestBuilder, clock: FrozenClock
+) -> None:
+    queued = await relayed.enqueue(new_request())
+    (job,) = (await relayed.claim(worker_id="w", slots={"q": 1}, visibility_timeout=30)).jobs
+    relay.drop_at_next_reply()
+    assert await relayed.ack(job.id, AckOptions(job.claim.worker_id, job.claim.claim))
+    detail = await relayed.introspect.get(queued.id)
+    assert detail is not None
+    assert detail.row.state is JobState.DONE
+    since = clock.now() - timedelta(hours=1)
+    [totals] = await relayed.introspect.counter_totals(since=since)
+    assert totals.done == 1
+
+
+async def test_a_nack_whose_reply_was_lost_raises_instead_of_answering_false(
     relay: Relay, relayed: RedisJobDriver, new_request: RequestBuilder
 ) -> None:
     queued = await relayed.enqueue(new_request())
     (job,) = (await relayed.claim(worker_id="w", slots={"q": 1}, visibility_timeout=30)).jobs
     relay.drop_at_next_reply()
     with pytest.raises(ConnectionError):
-        await relayed.ack(job.id, AckOptions(job.claim.worker_id, job.claim.claim))
+        await relayed.nack(job.id, NackOptions(job.claim.worker_id, job.claim.claim, error="x"))
     detail = await relayed.introspect.get(queued.id)
     assert detail is not None
-    assert detail.row.state is JobState.DONE
+    assert detail.row.state is JobState.READY
 
 
 async def test_a_claim_whose_reply_was_lost_raises_and_claims_nothing_more(

@@ -173,6 +173,27 @@ class AckForgetsTheSteps(MemoryJobDriver):
         return landed
 
 
+class AckAgainCountsAgain(MemoryJobDriver):
+    """An ack sent again under the claim that finished its row is counted a second time."""
+
+    async def ack(self, job_id: str, options: AckOptions) -> bool:
+        first = self._owned(job_id, options.ref) is not None
+        landed = await super().ack(job_id, options)
+        if landed and not first:
+            self._state.count(self._state.rows[job_id].name, "done", options.duration_ms)
+        return landed
+
+
+class AckAgainUnderAnyClaim(MemoryJobDriver):
+    """An ack of a done row answers True whichever claim it carries."""
+
+    async def ack(self, job_id: str, options: AckOptions) -> bool:
+        row = self._state.rows.get(job_id)
+        if row is not None and row.state is JobState.DONE:
+            return True
+        return await super().ack(job_id, options)
+
+
 class ClaimIgnoresPauses(MemoryJobDriver):
     """A paused queue is claimed like any other."""
 
@@ -313,6 +334,8 @@ def _insist_the_test_itself_failed(
 
 
 CAUGHT_BY: Sequence[tuple[type[MemoryJobDriver], Sequence[str]]] = [
+    (AckAgainCountsAgain, ["test_an_ack_sent_again_answers_true_and_changes_nothing"]),
+    (AckAgainUnderAnyClaim, ["test_an_ack_under_a_claim_another_ack_finished_answers_false"]),
     (
         SettleIgnoresTheClaim,
         [

@@ -8,7 +8,9 @@ the rules written here.
 Fencing: every write a run makes after its claim (ack, nack, heartbeat, a step, progress) carries
 the ``ClaimRef`` of that claim and matches only while the row is ``running`` under exactly that
 claim. A miss changes nothing and answers ``False``: a body whose lease lapsed, or whose row was
-cancelled, cannot settle, renew or report on the run that replaced it.
+cancelled, cannot settle, renew or report on the run that replaced it. One exception makes an ack
+safe to send again when its answer was lost with a connection: an ack under the claim whose ack
+already finished the row answers ``True`` and changes nothing.
 
 Time: a driver reads ``now`` from its ``clock`` for every decision (due rows, lapsed leases, TTLs),
 so a frozen clock drives it in tests. ``EnqueueRequest.run_at`` comes from the enqueuer.

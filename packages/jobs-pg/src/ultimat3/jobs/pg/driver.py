@@ -237,6 +237,7 @@ class PostgresJobDriver:
                 "now": now,
                 "bucket": bucket_start(now, _MINUTE),
             },
+            idempotent=True,
         )
         landed = {row[0] for row in rows}
         return [item[0] in landed for item in items]

@@ -3,7 +3,8 @@
 Every one is fenced on the claim: it matches a row only while that row is ``running`` under exactly
 the ``(worker_id, claim)`` the write carries, and answers which rows it matched. A body whose lease
 lapsed (and was claimed again, by another worker or by the same one) or whose row was cancelled
-changes nothing. Ack, nack and heartbeat take many rows per statement — one statement per batch
+changes nothing. One exception, so an ack can be repeated: an ack sent again under the claim that
+already finished its row answers that row again, and changes nothing. Ack, nack and heartbeat take many rows per statement — one statement per batch
 of concurrent calls — each row still fenced on its own claim. The batch travels as ONE JSON
 document (an array of rows, read as jsonb so it is parsed once): encoding it costs the client a
 third of what a dozen arrays do. Its rows are read under ``limit (select count)``, the batch's
@@ -36,7 +37,9 @@ SQL_ACK = """
 -- rows it holds); now; bucket (the 1-minute counter bucket of now).
 -- Guarantees: each row moves running -> done only under its own claim; the 'done' counters and
 -- durations move in this same statement, so a count never disagrees with the rows. Answers the
--- ids that landed.
+-- ids that landed. A done row keeps the token of the claim whose ack moved it there (the only
+-- way in), so an ack sent again under that claim answers its id again and changes nothing: the
+-- statement can be repeated when the connection died before its answer arrived.
 with settle as (
     select r->>0 as id, r->>1 as worker_id, r->>2 as claim, (r->>3)::bigint as duration_ms
     from jsonb_array_elements(%(rows)s::jsonb) r
@@ -48,7 +51,6 @@ acked as (
         updated_at = %(now)s,
         finished_at = %(now)s,
         worker_id = null,
-        claim = null,
         lease_until = null
     from settle s
     where j.id = s.id
@@ -56,6 +58,18 @@ acked as (
       and j.worker_id = s.worker_id
       and j.claim = s.claim
     returning j.id, j.name, s.duration_ms
+),
+repeated as (
+    -- Acks that landed before, under this same claim. Only the rows this statement did not
+    -- move are looked up again (none, on the hot path): the NOT IN filters the batch before the
+    -- lookup, and this statement's snapshot would not see its own update anyway.
+    select s.id
+    from settle s
+    where s.id not in (select id from acked)
+      and exists (
+          select 1 from x_jobs j
+          where j.id = s.id and j.state = 'done' and j.claim = s.claim
+      )
 ),
 counted as (
     insert into x_job_counters as c (name, bucket_start, width_s, done, duration_ms)
@@ -68,6 +82,8 @@ counted as (
         duration_ms = c.duration_ms + excluded.duration_ms
 )
 select id from acked
+union all
+select id from repeated
 """
 
 SQL_NACK = """

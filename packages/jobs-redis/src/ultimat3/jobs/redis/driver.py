@@ -235,7 +235,10 @@ class RedisJobDriver:
         args = [str(len(batch))]
         for settle in batch:
             args += settle
-        return [bool(landed) for landed in await self._ns.call("settle", *args)]
+        # Acks alone may run twice: one that landed answers 1 again (settle.lua).
+        acks_only = all(settle[0] == "a" for settle in batch)
+        answers = await self._ns.call("settle", *args, repeatable=acks_only)
+        return [bool(landed) for landed in answers]
 
     async def heartbeat(self, job_id: str, ref: ClaimRef, visibility_timeout: float) -> bool:
         lease_until = self._ns.clock.now() + timedelta(seconds=visibility_timeout)

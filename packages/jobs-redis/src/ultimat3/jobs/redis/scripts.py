@@ -9,10 +9,11 @@ FLUSH``) answers NOSCRIPT; the call then loads every script again and retries on
 refused with NOSCRIPT never ran).
 
 A call whose connection broke after its command was written is repeated only when the script is
-in ``REPEATABLE``: a second run there answers what the first would have. Any other script may
-have run, so its caller gets the ``ConnectionError`` — repeating it would lie: an enqueue would
-answer ``deduped`` for its own insert, a settle False for one that landed, and a claim would
-leave the first run's rows running with no worker (a final attempt then buried, never run).
+in ``REPEATABLE``, or its caller says this call is (a settle of acks only): a second run there
+answers what the first would have. Any other call may have run, so its caller gets the
+``ConnectionError`` — repeating it would lie: an enqueue would answer ``deduped`` for its own
+insert, a nack False for one that landed, and a claim would leave the first run's rows running
+with no worker (a final attempt then buried, never run).
 """
 
 from __future__ import annotations
@@ -209,22 +210,34 @@ class ScriptRunner:
             await asyncio.gather(*(self._on_wire("load", c, repeatable=True) for c in loads))
         self._loaded = True
 
-    async def __call__(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+    async def __call__(
+        self,
+        name: str,
+        keys: Sequence[str],
+        args: Sequence[Any],
+        *,
+        repeatable: bool | None = None,
+    ) -> Any:
+        """Run script ``name``; ``repeatable`` overrides its membership of ``REPEATABLE`` for
+        a call whose arguments make a second run harmless (a settle holding acks only)."""
         loaded = _SCRIPTS[name]
+        again = name in REPEATABLE if repeatable is None else repeatable
         if not self._loaded:
             await self.load()
         sent_after = self._loads
         try:
-            return await self._evalsha(loaded, keys, args)
+            return await self._evalsha(loaded, keys, args, again)
         except NoScriptError:
             log_event(logging.INFO, "jobs.redis.scripts-reloaded", script=name)
             await self.load(started_after=sent_after)
-            return await self._evalsha(loaded, keys, args)
+            return await self._evalsha(loaded, keys, args, again)
 
-    async def _evalsha(self, loaded: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
+    async def _evalsha(
+        self, loaded: Script, keys: Sequence[str], args: Sequence[Any], repeatable: bool
+    ) -> Any:
         if self._wire is None:
             evalsha = ("EVALSHA", loaded.sha, len(keys), *keys, *args)
-            if isinstance(self._client, RedisCluster) and loaded.name not in REPEATABLE:
+            if isinstance(self._client, RedisCluster) and not repeatable:
                 # A cluster client sends a command again when its connection broke, unless it
                 # was told the node: then it still follows MOVED/ASK, and lets the error through.
                 node = self._client.get_node_from_key(keys[0])
@@ -232,7 +245,7 @@ class ScriptRunner:
                     return await self._client.execute_command(*evalsha, target_nodes=node)
             return await self._client.execute_command(*evalsha)
         command = ["EVALSHA", loaded.sha, str(len(keys)), *keys, *args]
-        return await self._on_wire(loaded.name, command, repeatable=loaded.name in REPEATABLE)
+        return await self._on_wire(loaded.name, command, repeatable=repeatable)
 
     async def _on_wire(self, name: str, command: list[str], *, repeatable: bool) -> Any:
         """``command`` on the wire; once more on a fresh connection when the first broke and a

@@ -54,6 +54,8 @@ class ModelRow:
     worker_id: str | None = None
     claim: str | None = None
     lease_until: datetime | None = None
+    acked_claim: str | None = None
+    """The claim whose ack finished the row: an ack sent again under it answers True."""
 
     @property
     def id(self) -> str:
@@ -227,8 +229,10 @@ class ReferenceQueue:
     def ack(self, job_id: str, options: AckOptions, now: datetime) -> bool:
         row = self._held(job_id, options.ref)
         if row is None:
-            return False
+            done = self.rows.get(job_id)
+            return done is not None and done.acked_claim == options.claim
         self._finish(row, JobState.DONE, now)
+        row.acked_claim = options.claim
         self._count(row.request.name, "done", options.duration_ms)
         return True
 

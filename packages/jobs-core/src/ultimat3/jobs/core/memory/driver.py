@@ -202,7 +202,8 @@ class MemoryJobDriver:
     async def ack(self, job_id: str, options: AckOptions) -> bool:
         row = self._owned(job_id, options.ref)
         if row is None:
-            return False
+            finished = self._state.rows.get(job_id)
+            return finished is not None and finished.acked_under(options.claim)
         self._state.move(row, JobState.DONE)
         self._state.count(row.name, "done", options.duration_ms)
         return True

@@ -73,6 +73,12 @@ class Row:
             self.state is JobState.RUNNING and self.worker_id == worker_id and self.claim == claim
         )
 
+    def acked_under(self, claim: str) -> bool:
+        """Whether an ack under ``claim`` finished this row: a done row keeps the token of the
+        claim whose ack moved it there (the only way in), so an ack sent again can be told
+        apart from one under any other claim."""
+        return self.state is JobState.DONE and self.claim == claim
+
     def public(self) -> JobRow:
         return JobRow(
             id=self.id,
@@ -147,7 +153,9 @@ class MemoryState:
         if not row.live:
             row.finished_at = row.updated_at
         if state is not JobState.RUNNING:
-            row.worker_id = row.claim = row.lease_until = None
+            row.worker_id = row.lease_until = None
+            if state is not JobState.DONE:
+                row.claim = None
 
     def count(self, name: str, kind: CounterKind, duration_ms: int | None = None) -> None:
         width = COUNTER_TIERS[0][0]

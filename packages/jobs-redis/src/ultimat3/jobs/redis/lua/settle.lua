@@ -3,7 +3,8 @@
 --   "a", id, worker id, claim token, duration ms ("" none)                       (an ack), or
 --   "n", id, worker id, claim token, target state, counter kind ("" none), duration ms ("" none),
 --        error (optional), run_at ("" keeps it), count_attempt ("1"/"0")        (a nack).
--- Answers 1 (landed) or 0 (the claim no longer holds the row) per settle, in order.
+-- Answers 1 (landed) or 0 (the claim no longer holds the row) per settle, in order; an ack
+-- that landed before under the same claim answers 1 again, so a batch of acks may be repeated.
 --
 -- Guarantees (atomic per call): a settle lands only while its row is running under exactly that
 -- worker and claim; then the row moves to its target (an ack: done), the attempt is handed back
@@ -17,7 +18,10 @@ for _ = 1, tonumber(ARGV[4]) do
   local ack = ARGV[a] == 'a'
   local row = load(ARGV[a + 1])
   if not owned(row, ARGV[a + 2], ARGV[a + 3]) then
-    out[#out + 1] = 0
+    -- A done row keeps the claim whose ack moved it there (the only way in): an ack sent again
+    -- under that claim answers 1 again and changes nothing.
+    local again = ack and row ~= nil and row.state == 'done' and row.claim == ARGV[a + 3]
+    out[#out + 1] = again and 1 or 0
   elseif ack then
     move(row, 'done')
     count(row.name, 'done', ARGV[a + 4])

@@ -37,12 +37,27 @@ class SettleRules:
         unknown = AckOptions(held.claim.worker_id, held.claim.claim)
         assert not await jobs.driver.ack("0190a000-0000-7000-8000-0000000000ff", unknown)
 
-    async def test_a_second_ack_answers_false(self, jobs: Conformance) -> None:
+    async def test_an_ack_sent_again_answers_true_and_changes_nothing(
+        self, jobs: Conformance
+    ) -> None:
+        """An ack repeated under the claim it landed with (its answer was lost with the
+        connection) answers as the first did, and is counted once."""
         held = await jobs.running()
-        assert await jobs.ack(held)
+        assert await jobs.ack(held, 7)
         before = await jobs.snapshot(held.id)
-        assert not await jobs.ack(held)
+        jobs.advance(3)
+        assert await jobs.ack(held, 7)
         assert await jobs.snapshot(held.id) == before
+
+    async def test_an_ack_under_a_claim_another_ack_finished_answers_false(
+        self, jobs: Conformance
+    ) -> None:
+        stale = await jobs.running()
+        fresh = await jobs.lapse_and_reclaim(stale, worker=stale.claim.worker_id)
+        assert await jobs.ack(fresh)
+        before = await jobs.snapshot(stale.id)
+        assert not await jobs.ack(stale)
+        assert await jobs.snapshot(stale.id) == before
 
     async def test_ack_under_a_stale_claim_answers_false_and_changes_nothing(
         self, jobs: Conformance
