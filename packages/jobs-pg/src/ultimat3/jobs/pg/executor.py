@@ -12,8 +12,8 @@ whose connection dies UNDER it is another matter: it may have committed with onl
 so it is run again only when the caller marked it ``idempotent`` — a read, or a write whose repeat
 changes nothing and answers the same (an ack is one: ``sql_settle.py``). Everything else raises
 ``DriverUnavailableError``: running an enqueue, a claim or a nack twice would answer wrongly
-(deduped, a stranded batch, False) or apply it twice. A statement the server rolled back to break a deadlock or a serialization conflict
-applied nothing, and is always run once more.
+(deduped, a stranded batch, False) or apply it twice. A statement the server rolled back to
+break a deadlock or a serialization conflict applied nothing, and is always run once more.
 """
 
 from __future__ import annotations

@@ -4,8 +4,9 @@ Every one is fenced on the claim: it matches a row only while that row is ``runn
 the ``(worker_id, claim)`` the write carries, and answers which rows it matched. A body whose lease
 lapsed (and was claimed again, by another worker or by the same one) or whose row was cancelled
 changes nothing. One exception, so an ack can be repeated: an ack sent again under the claim that
-already finished its row answers that row again, and changes nothing. Ack, nack and heartbeat take many rows per statement — one statement per batch
-of concurrent calls — each row still fenced on its own claim. The batch travels as ONE JSON
+already finished its row answers that row again, and changes nothing. Ack, nack and heartbeat
+take many rows per statement — one statement per batch of concurrent calls — each row still
+fenced on its own claim. The batch travels as ONE JSON
 document (an array of rows, read as jsonb so it is parsed once): encoding it costs the client a
 third of what a dozen arrays do. Its rows are read under ``limit (select count)``, the batch's
 length: the planner would guess a JSON document at 100 rows, and judge looking a small batch up
