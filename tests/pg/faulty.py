@@ -2,7 +2,9 @@
 
 ``Faults.lose_answers(n)``: the next ``n`` statements commit, then their connection drops before
 the answer is read — what a server restart or a terminated backend does to a statement that just
-committed. Every error the server raised is kept in ``Faults.errors``.
+committed. ``Faults.fail_before_sending(n)``: the next ``n`` statements find their connection
+dropped before they are sent, so they never run — and their caller cannot tell the two apart.
+Every error the server raised is kept in ``Faults.errors``.
 """
 
 from __future__ import annotations
@@ -22,16 +24,24 @@ __all__ = ["Faults", "faulty_pool"]
 @dataclass
 class Faults:
     answers_to_lose: int = 0
+    sends_to_fail: int = 0
     errors: list[Exception] = field(default_factory=list)
 
     def lose_answers(self, count: int = 1) -> None:
         self.answers_to_lose = count
+
+    def fail_before_sending(self, count: int = 1) -> None:
+        self.sends_to_fail = count
 
     def cursor_class(self) -> type[AsyncCursor[Any]]:
         faults = self
 
         class FaultyCursor(AsyncCursor[Any]):
             async def execute(self, *args: Any, **kwargs: Any) -> FaultyCursor:
+                if faults.sends_to_fail > 0:
+                    faults.sends_to_fail -= 1
+                    await self.connection.close()
+                    raise psycopg.OperationalError("server closed the connection unexpectedly")
                 try:
                     await super().execute(*args, **kwargs)
                 except psycopg.Error as exc:

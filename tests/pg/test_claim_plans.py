@@ -13,7 +13,7 @@ from pg.plans import as_prepared, plan_of, scans_run
 
 from ultimat3.jobs.core import AckOptions, EnqueueRequest, FrozenClock, NackOptions, new_id
 from ultimat3.jobs.pg import PostgresJobDriver, postgres_job_driver
-from ultimat3.jobs.pg.sql_claim import SQL_CLAIM
+from ultimat3.jobs.pg.sql_claim import SQL_CLAIM, SQL_CLAIM_HELD
 from ultimat3.jobs.pg.sql_operator import SQL_JOB_REMOVE
 from ultimat3.jobs.pg.sql_settle import SQL_ACK, SQL_HEARTBEAT, SQL_NACK
 
@@ -46,6 +46,7 @@ async def test_a_claim_reads_no_table_for_leases_when_none_lapsed(
         "now": now,
         "lease_until": now + timedelta(seconds=30),
         "worker_id": "w2",
+        "claim": new_id(),
         "drop": [],
         "bucket": now.replace(second=0, microsecond=0),
         "synchronous_commit": None,
@@ -56,6 +57,41 @@ async def test_a_claim_reads_no_table_for_leases_when_none_lapsed(
     # The plan every claim runs once the plan cache has settled on it.
     generic = await plan_of(driver.executor, SQL_CLAIM, params, generic=True)
     assert "Seq Scan on x_jobs" not in generic, generic
+
+
+async def test_taking_back_a_lost_claims_rows_reads_them_through_the_lease_index(
+    driver: PostgresJobDriver, clock: FrozenClock
+) -> None:
+    """Run after a claim's answer was lost, beside thousands of rows running and finished: it
+    reads the rows under that claim's lease, not the table."""
+    now = clock.now()
+    await driver.enqueue_many(
+        [
+            EnqueueRequest(new_id(), new_id(), "n", "q", None, new_id(), None, 3, now)
+            for _ in range(6_000)
+        ]
+    )
+    for _ in range(50):
+        batch = await driver.claim(worker_id="w1", slots={"q": 100}, visibility_timeout=30)
+        clock.advance(1)
+    await driver.executor.fetch(
+        "update x_jobs set state = 'done' where state = 'running' and lease_until < %(t)s",
+        {"t": clock.now()},
+    )
+    await driver.executor.fetch("analyze x_jobs", prepare=False)
+    held = batch.jobs[0]
+    params = {
+        "queues": ["q"],
+        "worker_id": "w1",
+        "claim": held.claim.claim,
+        "lease_until": held.lease_until,
+    }
+    rows = await driver.executor.fetch(SQL_CLAIM_HELD, params)
+    assert sorted(row[1] for row in rows) == sorted(job.id for job in batch.jobs)
+    scans = await scans_run(driver.executor, SQL_CLAIM_HELD, params, "x_jobs")
+    assert scans == [("Index Scan", 100)], scans
+    generic = await plan_of(driver.executor, SQL_CLAIM_HELD, params, generic=True)
+    assert "x_jobs_lapse_idx" in generic, generic
 
 
 async def test_removing_a_job_without_steps_reads_no_other_row(

@@ -82,15 +82,30 @@ async def test_a_bulk_remove_whose_answer_was_lost_removes_one_batch_only(
     assert await count(lossy, "select count(*) from x_jobs") == 500
 
 
-async def test_a_claim_whose_answer_was_lost_takes_no_second_batch(
+async def test_a_claim_whose_answer_was_lost_answers_the_rows_it_took_and_no_more(
     lossy: PostgresJobDriver, faults: Faults, clock: FrozenClock
 ) -> None:
-    await lossy.enqueue_many([request(clock, n, max_attempts=1) for n in range(2)])
+    """Its rows would otherwise run under a claim nobody holds until the lease lapsed: on its
+    final attempt (max_attempts=1 here) a row would then be buried dead without having run."""
+    await lossy.enqueue_many([request(clock, n, max_attempts=1) for n in range(3)])
     faults.lose_answers()
-    with pytest.raises(DriverUnavailableError):
-        await lossy.claim(worker_id="w", slots={"q": 1}, visibility_timeout=30)
+    batch = await lossy.claim(worker_id="w", slots={"q": 2}, visibility_timeout=30)
+    assert [job.input for job in batch.jobs] == [{"n": 0}, {"n": 1}]
     running = "select count(*) from x_jobs where state = 'running'"
-    assert await count(lossy, running) == 1
+    assert await count(lossy, running) == 2
+    for job in batch.jobs:
+        assert await lossy.ack(job.id, AckOptions("w", job.claim.claim))
+    assert await count(lossy, "select count(*) from x_jobs where state = 'done'") == 2
+
+
+async def test_a_claim_whose_answer_was_lost_before_it_ran_took_nothing(
+    lossy: PostgresJobDriver, faults: Faults, clock: FrozenClock
+) -> None:
+    await lossy.enqueue(request(clock))
+    faults.fail_before_sending()
+    batch = await lossy.claim(worker_id="w", slots={"q": 1}, visibility_timeout=30)
+    assert not batch.jobs
+    assert await count(lossy, "select count(*) from x_jobs where state = 'ready'") == 1
 
 
 async def test_a_cancel_whose_answer_was_lost_raises_rather_than_answering_not_found(

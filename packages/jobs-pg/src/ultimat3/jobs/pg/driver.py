@@ -14,15 +14,19 @@ hundred.
 from __future__ import annotations
 
 import builtins
+import logging
 from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime, timedelta
 from operator import itemgetter
+from typing import Any
 
 from ultimat3.jobs.core.clock import SYSTEM_CLOCK, Clock
 from ultimat3.jobs.core.coalesce import Coalescer
 from ultimat3.jobs.core.constants import COUNTER_TIERS
 from ultimat3.jobs.core.counters import bucket_start
 from ultimat3.jobs.core.errors import InvariantError
+from ultimat3.jobs.core.ids import new_id
+from ultimat3.jobs.core.logs import log_event
 from ultimat3.jobs.core.model import (
     AckOptions,
     ClaimedJob,
@@ -43,6 +47,7 @@ from .executor import (
     DEFAULT_OPEN_TIMEOUT_S,
     DEFAULT_POOL_MAX,
     DEFAULT_POOL_MIN,
+    AnswerLostError,
     PgExecutor,
     PgTarget,
     pg_executor,
@@ -50,7 +55,7 @@ from .executor import (
 from .introspect import PostgresIntrospection
 from .leases import PostgresLeaseStore
 from .rows import claimed_job, dump_json, enqueue_answers, enqueue_params, exhausted_job, utc
-from .sql_claim import SQL_CLAIM
+from .sql_claim import SQL_CLAIM, SQL_CLAIM_HELD
 from .sql_enqueue import SQL_ENQUEUE
 from .sql_read import SQL_STATS
 from .sql_settle import SQL_ACK, SQL_HEARTBEAT, SQL_NACK, SQL_SAVE_STEP
@@ -195,18 +200,23 @@ class PostgresJobDriver:
             return ClaimBatch()
         now = self._clock.now()
         lease_until = now + timedelta(seconds=visibility_timeout)
-        rows = await self._executor.fetch(
-            SQL_CLAIM,
-            {
-                "slots": dump_json([{"queue": q, "free": n} for q, n in wanted.items()]),
-                "now": now,
-                "lease_until": lease_until,
-                "worker_id": worker_id,
-                "drop": list(drop_exhausted),
-                "bucket": bucket_start(now, _MINUTE),
-            },
-            relaxed_commit=True,
-        )
+        claim = new_id()
+        try:
+            rows = await self._executor.fetch(
+                SQL_CLAIM,
+                {
+                    "slots": dump_json([{"queue": q, "free": n} for q, n in wanted.items()]),
+                    "now": now,
+                    "lease_until": lease_until,
+                    "worker_id": worker_id,
+                    "claim": claim,
+                    "drop": list(drop_exhausted),
+                    "bucket": bucket_start(now, _MINUTE),
+                },
+                relaxed_commit=True,
+            )
+        except AnswerLostError as lost:
+            rows = await self._claimed_before(lost, wanted, worker_id, claim, lease_until)
         if not rows:
             return ClaimBatch()
         order = {queue: index for index, queue in enumerate(wanted)}
@@ -219,6 +229,36 @@ class PostgresJobDriver:
             else:
                 exhausted.append(exhausted_job(row))
         return ClaimBatch(jobs=jobs, exhausted=exhausted)
+
+    async def _claimed_before(
+        self,
+        lost: AnswerLostError,
+        wanted: Mapping[str, int],
+        worker_id: str,
+        claim: str,
+        lease_until: datetime,
+    ) -> list[tuple[Any, ...]]:
+        """The rows a claim whose answer was lost had taken. Left alone, they would sit running
+        under a claim nobody holds until their lease lapsed: an attempt spent on nothing, and a
+        final attempt buried dead without having run."""
+        rows = await self._executor.fetch(
+            SQL_CLAIM_HELD,
+            {
+                "queues": list(wanted),
+                "worker_id": worker_id,
+                "claim": claim,
+                "lease_until": lease_until,
+            },
+            idempotent=True,
+        )
+        log_event(
+            logging.WARNING,
+            "jobs.claim.answer-lost",
+            worker=worker_id,
+            taken_back=len(rows),
+            error=str(lost),
+        )
+        return rows
 
     # -- settles: batched per process, fenced per row ---------------------------------------
 

@@ -37,12 +37,19 @@ __all__ = [
     "DEFAULT_OPEN_TIMEOUT_S",
     "DEFAULT_POOL_MAX",
     "DEFAULT_POOL_MIN",
+    "AnswerLostError",
     "Params",
     "PgExecutor",
     "PgTarget",
     "on_the_wire",
     "pg_executor",
 ]
+
+
+class AnswerLostError(DriverUnavailableError):
+    """The connection died under a write that was not marked idempotent: it may have been
+    applied. A caller that can look for what the write left behind catches this one."""
+
 
 PgTarget: TypeAlias = "AsyncConnectionPool[Any] | AsyncConnection[Any] | str | PgExecutor"
 """What the Postgres parts of this package accept: a pool, a connection, a URL, or an executor."""
@@ -294,7 +301,7 @@ class PgExecutor:
             # idle ones now, so the next statements, not only this one, get live connections.
             await self._pool.check()
         if not idempotent:
-            raise DriverUnavailableError(
+            raise AnswerLostError(
                 f"the connection to Postgres was lost while a write ran ({error}); it may have "
                 "been applied, so it was not run again — look at the rows before repeating it"
             ) from error

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-__all__ = ["SQL_CLAIM"]
+__all__ = ["SQL_CLAIM", "SQL_CLAIM_HELD"]
 
 SQL_CLAIM = """
 -- Parameters: slots, a JSON array of {"queue": …, "free": …} (free slots per queue), the
--- claimant's now and lease_until (now + visibility timeout), worker_id, drop[] (job names
--- declaring dead_letter=False), bucket (the 1-minute counter bucket of now) and
+-- claimant's now and lease_until (now + visibility timeout), worker_id, claim (this call's
+-- fresh token, minted by the claimant), drop[] (job names declaring dead_letter=False), bucket
+-- (the 1-minute counter bucket of now) and
 -- synchronous_commit ('off'; null keeps the session's setting, as the driver passes when the
 -- claim runs inside the caller's own transaction).
 --
@@ -21,7 +22,7 @@ SQL_CLAIM = """
 --   when its name is in drop[]) with last_error LEASE_LAPSED_FINAL_ATTEMPT, counted, and
 --   returned once (its state names it). Buried rows take no slot: a row is taken or buried
 --   when fewer than the queue's limit of taken rows precede it;
--- * each taken row is running under (worker_id, a fresh claim token of its own) until
+-- * each taken row is running under (worker_id, this call's claim token) until
 --   lease_until, its attempt raised
 --   by one, and comes back with the steps its run already stored (no statement per job),
 --   each with its kind so a replay can refuse a record another kind of step wrote.
@@ -126,7 +127,7 @@ taken as (
     set state = 'running',
         attempt = j.attempt + 1,
         worker_id = %(worker_id)s,
-        claim = gen_random_uuid()::text,
+        claim = %(claim)s,
         lease_until = %(lease_until)s,
         updated_at = %(now)s
     where j.ctid = any(array(select tid from picked where not exhausted))
@@ -170,4 +171,25 @@ union all
 select b.state, b.id, b.run_id, b.name, b.queue, b.input::text, null, b.tenant_id, b.attempt,
        b.max_attempts, b.run_at, null, null, null, null, null
 from buried b
+"""
+
+SQL_CLAIM_HELD = """
+-- Parameters: queues[] (the queues the lost claim asked), worker_id, claim and lease_until (as
+-- that claim was sent).
+-- The rows a claim whose answer was lost had taken, as the claim answers them: a claim that
+-- committed left each of its rows running under its own (worker_id, claim) until exactly its
+-- lease_until, which the lapse index finds per queue. A claim that never ran took nothing. What
+-- it buried is not here: a buried row keeps no claim (its burial was counted all the same).
+select 'running' as state, j.id, j.run_id, j.name, j.queue, j.input::text, j.idempotency_key,
+       j.tenant_id, j.attempt, j.max_attempts, j.run_at, j.created_at, j.enqueued_by,
+       j.traceparent, j.claim,
+       (select json_agg(json_build_array(s.name, s.seq, s.output, s.completed, s.kind))::text
+        from x_job_steps s
+        where s.run_id = j.run_id) as steps
+from x_jobs j
+where j.queue = any(%(queues)s::text[])
+  and j.state = 'running'
+  and j.lease_until = %(lease_until)s
+  and j.worker_id = %(worker_id)s
+  and j.claim = %(claim)s
 """
