@@ -130,6 +130,8 @@ async def _every_script(driver: RedisJobDriver, clock: FrozenClock) -> None:
     clock.advance(31)
     await driver.claim(worker_id="w2", slots={"q": 5}, visibility_timeout=30)  # buries `third`
     del third
+    # What a claim whose reply was lost runs to take its rows back (test_redis_wire.py).
+    await driver._ns.call("claimed", "w2", new_id(), "0", "1", "q")
     await driver.leases.acquire("k", "h", limit=1, ttl=10)
     await driver.leases.holders("k")
     await driver.backfills.begin(name="b", run_id="r", checksum="c")

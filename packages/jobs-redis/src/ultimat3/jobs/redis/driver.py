@@ -13,17 +13,20 @@ the driver in tests exactly as it drives the memory driver. Done rows and their 
 from __future__ import annotations
 
 import functools
+import logging
 import os
 from collections.abc import Collection, Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
 from redis.asyncio import Redis
+from redis.exceptions import ConnectionError
 from ultimat3.jobs.core.clock import SYSTEM_CLOCK, Clock
 from ultimat3.jobs.core.coalesce import Coalescer
 from ultimat3.jobs.core.durations import Duration, parse_duration
 from ultimat3.jobs.core.errors import DriverUnavailableError, InvariantError
 from ultimat3.jobs.core.ids import new_id
+from ultimat3.jobs.core.logs import log_event
 from ultimat3.jobs.core.model import (
     LEASE_LAPSED_FINAL_ATTEMPT,
     AckOptions,
@@ -187,19 +190,29 @@ class RedisJobDriver:
         drop_exhausted: Collection[str] = (),
     ) -> ClaimBatch:
         now = self._ns.clock.now()
-        lease_until = now + timedelta(seconds=visibility_timeout)
-        args: list[str] = [
-            worker_id,
-            new_id(),
-            to_us(lease_until),
-            LEASE_LAPSED_FINAL_ATTEMPT,
-            str(len(slots)),
-        ]
+        lease_until = to_us(now + timedelta(seconds=visibility_timeout))
+        base = new_id()
+        args = [worker_id, base, lease_until, LEASE_LAPSED_FINAL_ATTEMPT, str(len(slots))]
         for queue, free in slots.items():
             args += (queue, str(free))
         args.append(str(len(drop_exhausted)))
         args += drop_exhausted
-        claimed, exhausted = await self._ns.call("claim", *args, now=now)
+        try:
+            claimed, exhausted = await self._ns.call("claim", *args, now=now)
+        except ConnectionError as lost:
+            # Its rows, if it ran, are running under a claim nobody holds until their lease
+            # lapses: an attempt spent on nothing, a final one buried dead without having run.
+            queues = list(slots)
+            claimed, exhausted = await self._ns.call(
+                "claimed", worker_id, base, lease_until, str(len(queues)), *queues
+            )
+            log_event(
+                logging.WARNING,
+                "jobs.claim.answer-lost",
+                worker=worker_id,
+                taken_back=len(claimed),
+                error=str(lost),
+            )
         return ClaimBatch(
             jobs=[read_claimed(values, steps) for values, steps in claimed],
             exhausted=[read_exhausted(values) for values in exhausted],

@@ -38,6 +38,7 @@ __all__ = ["REPEATABLE", "SCRIPT_NAMES", "Script", "ScriptRunner", "script"]
 SCRIPT_NAMES = (
     "enqueue",
     "claim",
+    "claimed",
     "settle",
     "heartbeat",
     "save_step",
@@ -70,6 +71,7 @@ REPEATABLE = frozenset(
         "page",
         "get",
         "bulk_count",
+        "claimed",
         # writing what a second run writes again, answering the same
         "heartbeat",  # the same lease_until, still owned
         "save_step",  # the same step value, still owned
