@@ -178,8 +178,9 @@ async def loses_nothing(
     fault: Callable[[], Awaitable[None]],
 ) -> None:
     """``count`` jobs of ``handle`` through one worker while ``fault`` strikes: every one runs,
-    and every row ends done. A settle cut off mid-statement may or may not have landed, so it
-    is not sent again: its row is delivered again once its (short) lease lapses."""
+    and every row ends done. An ack or a claim cut off mid-statement is recovered (sent again,
+    read back); any other write that was may or may not have landed, so it is not sent again:
+    its row is delivered again once its (short) lease lapses."""
     runs.clear()
     driver = postgres_job_driver(url)
     try:
