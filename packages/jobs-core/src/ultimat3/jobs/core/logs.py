@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-__all__ = ["LOGGER", "log_event"]
+__all__ = ["LOGGER", "log_claim_answer_lost", "log_event"]
 
 LOGGER = logging.getLogger("ultimat3.jobs")
 
@@ -20,4 +20,16 @@ def log_event(level: int, event: str, **fields: Any) -> None:
         level,
         f"{event} {detail}" if detail else event,
         extra={"event": event, "jobs": fields},
+    )
+
+
+def log_claim_answer_lost(worker_id: str, taken_back: int, error: BaseException) -> None:
+    """A claim's answer was lost with its connection, and its driver read back the rows it had
+    taken (``taken_back``) instead of leaving them to lapse. Logged alike by every driver."""
+    log_event(
+        logging.WARNING,
+        "jobs.claim.answer-lost",
+        worker=worker_id,
+        taken_back=taken_back,
+        error=str(error),
     )

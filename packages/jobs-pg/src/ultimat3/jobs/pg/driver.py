@@ -14,7 +14,6 @@ hundred.
 from __future__ import annotations
 
 import builtins
-import logging
 from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime, timedelta
 from operator import itemgetter
@@ -26,7 +25,7 @@ from ultimat3.jobs.core.constants import COUNTER_TIERS
 from ultimat3.jobs.core.counters import bucket_start
 from ultimat3.jobs.core.errors import InvariantError
 from ultimat3.jobs.core.ids import new_id
-from ultimat3.jobs.core.logs import log_event
+from ultimat3.jobs.core.logs import log_claim_answer_lost
 from ultimat3.jobs.core.model import (
     AckOptions,
     ClaimedJob,
@@ -251,13 +250,7 @@ class PostgresJobDriver:
             },
             idempotent=True,
         )
-        log_event(
-            logging.WARNING,
-            "jobs.claim.answer-lost",
-            worker=worker_id,
-            taken_back=len(rows),
-            error=str(lost),
-        )
+        log_claim_answer_lost(worker_id, len(rows), lost)
         return rows
 
     # -- settles: batched per process, fenced per row ---------------------------------------

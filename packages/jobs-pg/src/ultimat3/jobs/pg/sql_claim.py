@@ -4,8 +4,17 @@ from __future__ import annotations
 
 __all__ = ["SQL_CLAIM", "SQL_CLAIM_HELD"]
 
-SQL_CLAIM = """
--- Parameters: slots, a JSON array of {"queue": …, "free": …} (free slots per queue), the
+_CLAIMED_ROW = """\
+select 'running' as state, t.id, t.run_id, t.name, t.queue, t.input::text, t.idempotency_key,
+       t.tenant_id, t.attempt, t.max_attempts, t.run_at, t.created_at, t.enqueued_by,
+       t.traceparent, t.claim,
+       (select json_agg(json_build_array(s.name, s.seq, s.output, s.completed, s.kind))::text
+        from x_job_steps s
+        where s.run_id = t.run_id) as steps"""
+"""A row ``t`` running under a claim, as a claim answers it: its columns and its run's steps."""
+
+SQL_CLAIM = f"""
+-- Parameters: slots, a JSON array of {{"queue": …, "free": …}} (free slots per queue), the
 -- claimant's now and lease_until (now + visibility timeout), worker_id, claim (this call's
 -- fresh token, minted by the claimant), drop[] (job names declaring dead_letter=False), bucket
 -- (the 1-minute counter bucket of now) and
@@ -160,12 +169,7 @@ counted as (
     set failed = c.failed + excluded.failed,
         dead = c.dead + excluded.dead
 )
-select 'running' as state, t.id, t.run_id, t.name, t.queue, t.input::text, t.idempotency_key,
-       t.tenant_id, t.attempt, t.max_attempts, t.run_at, t.created_at, t.enqueued_by,
-       t.traceparent, t.claim,
-       (select json_agg(json_build_array(s.name, s.seq, s.output, s.completed, s.kind))::text
-        from x_job_steps s
-        where s.run_id = t.run_id) as steps
+{_CLAIMED_ROW}
 from taken t
 union all
 select b.state, b.id, b.run_id, b.name, b.queue, b.input::text, null, b.tenant_id, b.attempt,
@@ -173,23 +177,18 @@ select b.state, b.id, b.run_id, b.name, b.queue, b.input::text, null, b.tenant_i
 from buried b
 """
 
-SQL_CLAIM_HELD = """
+SQL_CLAIM_HELD = f"""
 -- Parameters: queues[] (the queues the lost claim asked), worker_id, claim and lease_until (as
 -- that claim was sent).
 -- The rows a claim whose answer was lost had taken, as the claim answers them: a claim that
 -- committed left each of its rows running under its own (worker_id, claim) until exactly its
 -- lease_until, which the lapse index finds per queue. A claim that never ran took nothing. What
 -- it buried is not here: a buried row keeps no claim (its burial was counted all the same).
-select 'running' as state, j.id, j.run_id, j.name, j.queue, j.input::text, j.idempotency_key,
-       j.tenant_id, j.attempt, j.max_attempts, j.run_at, j.created_at, j.enqueued_by,
-       j.traceparent, j.claim,
-       (select json_agg(json_build_array(s.name, s.seq, s.output, s.completed, s.kind))::text
-        from x_job_steps s
-        where s.run_id = j.run_id) as steps
-from x_jobs j
-where j.queue = any(%(queues)s::text[])
-  and j.state = 'running'
-  and j.lease_until = %(lease_until)s
-  and j.worker_id = %(worker_id)s
-  and j.claim = %(claim)s
+{_CLAIMED_ROW}
+from x_jobs t
+where t.queue = any(%(queues)s::text[])
+  and t.state = 'running'
+  and t.lease_until = %(lease_until)s
+  and t.worker_id = %(worker_id)s
+  and t.claim = %(claim)s
 """

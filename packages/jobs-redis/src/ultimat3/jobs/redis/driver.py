@@ -13,7 +13,6 @@ the driver in tests exactly as it drives the memory driver. Done rows and their 
 from __future__ import annotations
 
 import functools
-import logging
 import os
 from collections.abc import Collection, Mapping, Sequence
 from datetime import timedelta
@@ -26,7 +25,7 @@ from ultimat3.jobs.core.coalesce import Coalescer
 from ultimat3.jobs.core.durations import Duration, parse_duration
 from ultimat3.jobs.core.errors import DriverUnavailableError, InvariantError
 from ultimat3.jobs.core.ids import new_id
-from ultimat3.jobs.core.logs import log_event
+from ultimat3.jobs.core.logs import log_claim_answer_lost
 from ultimat3.jobs.core.model import (
     LEASE_LAPSED_FINAL_ATTEMPT,
     AckOptions,
@@ -206,13 +205,7 @@ class RedisJobDriver:
             claimed, exhausted = await self._ns.call(
                 "claimed", worker_id, base, lease_until, str(len(queues)), *queues
             )
-            log_event(
-                logging.WARNING,
-                "jobs.claim.answer-lost",
-                worker=worker_id,
-                taken_back=len(claimed),
-                error=str(lost),
-            )
+            log_claim_answer_lost(worker_id, len(claimed), lost)
         return ClaimBatch(
             jobs=[read_claimed(values, steps) for values, steps in claimed],
             exhausted=[read_exhausted(values) for values in exhausted],
