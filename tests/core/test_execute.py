@@ -609,3 +609,23 @@ async def test_a_wait_for_event_times_out_on_the_memory_drivers_frozen_clock(
     # parked on the 30 s event poll, then at the 1-minute deadline: timed out, answering None
     assert [e.outcome for e in executions] == ["suspended", "suspended", "completed"]
     assert executions[-1].result is None
+
+
+async def test_a_required_wait_that_timed_out_ends_the_run_on_that_attempt(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    """A retry would replay the stored timeout and fail the same way: the attempts left are
+    not spent on that, and the dead row says why."""
+
+    async def waits(*, input: Ping, step: Step) -> Any:
+        return await step.wait_for_event("answer", "never.published", timeout="1m", required=True)
+
+    handle = ping_job(waits, retry=Retry(attempts=5, delay=1, jitter=False))
+    queued = await handle.enqueue(Ping("required-wait"))
+    executions = await drain(driver, clock, handle)
+    assert [e.outcome for e in executions] == ["suspended", "suspended", "dead-lettered"]
+    assert executions[-1].stop_reason == "terminal"
+    stored = await row(driver, queued.id)
+    assert (stored.state, stored.attempt) == (JobState.DEAD, 1)
+    assert "X_JOB_TIMEOUT" in stored.last_error
+    assert "replays its timeout on every retry" in stored.last_error

@@ -18,7 +18,13 @@ from ultimat3.jobs.core import (
     register_error_retry,
     retry_schedule,
 )
-from ultimat3.jobs.core.errors import StepDuplicateError, StepOutputInvalidError
+from ultimat3.jobs.core.errors import (
+    EventWaitTimeoutError,
+    JobTimeoutError,
+    StepDuplicateError,
+    StepOutputInvalidError,
+)
+from ultimat3.jobs.core.retry import retry_classification
 
 
 class GatewayBusyError(JobsError):
@@ -100,6 +106,16 @@ def test_a_step_name_reused_dead_letters_on_its_first_attempt() -> None:
     meets it again."""
     verdict = failure_verdict(Retry(attempts=5), 1, StepDuplicateError("twice"))
     assert (verdict.kind, verdict.stop_reason) == ("dead-lettered", "terminal")
+
+
+def test_an_error_no_retry_could_change_ends_the_run_whatever_its_codes_class() -> None:
+    """X_JOB_TIMEOUT is retryable, but a required wait's timeout is stored and replayed."""
+    timed_out = EventWaitTimeoutError("wait_for_event 'paid' timed out")
+    assert retry_classification(timed_out) == "retryable"
+    verdict = failure_verdict(Retry(attempts=5), 1, timed_out)
+    assert (verdict.kind, verdict.stop_reason) == ("dead-lettered", "terminal")
+    assert verdict.terminal_because == EventWaitTimeoutError.final_because
+    assert failure_verdict(Retry(attempts=5), 1, JobTimeoutError("deadline")).kind == "retried"
 
 
 def test_dead_letter_false_drops_instead() -> None:

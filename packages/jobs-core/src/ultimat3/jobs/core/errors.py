@@ -17,6 +17,7 @@ __all__ = [
     "ConcurrencyUnenforceableError",
     "CronUnavailableError",
     "DriverUnavailableError",
+    "EventWaitTimeoutError",
     "IdempotencyRequiredError",
     "IntrospectionUnsupportedError",
     "InvariantError",
@@ -55,6 +56,9 @@ class JobsError(Exception):
     """Base of every error this library raises; ``code`` is the stable ``X_…`` string."""
 
     code: ClassVar[str] = "X_JOBS"
+    final_because: ClassVar[str | None] = None
+    """Set on an error no retry could end differently: the attempt it fails is the run's last,
+    whatever its code's retry classification, and this says why (on the dead row)."""
 
     def __init__(self, message: str, *, meta: Mapping[str, Any] | None = None) -> None:
         super().__init__(message)
@@ -197,6 +201,13 @@ class JobTenantMismatchError(JobsError):
 
 class JobTimeoutError(JobsError):
     code = "X_JOB_TIMEOUT"
+
+
+class EventWaitTimeoutError(JobTimeoutError):
+    """A required ``step.wait_for_event`` reached its deadline. The run stores the timeout as
+    the wait's outcome, so a retry would only replay it: the run ends on this attempt."""
+
+    final_because = "a required wait that timed out replays its timeout on every retry"
 
 
 class LeaseLostError(JobsError):

@@ -125,19 +125,28 @@ class FailureVerdict:
     kind: Literal["retried", "dead-lettered", "dropped"]
     delay_s: float = 0.0
     stop_reason: StopReason | None = None
+    terminal_because: str | None = None
+    """Why a terminal stop left attempts unspent."""
 
 
 def failure_verdict(retry: Retry, attempt: int, error: BaseException) -> FailureVerdict:
-    """The one decision every failed attempt goes through: the error's classification first,
-    then the attempt count. An unclassified error keeps the attempt-count path."""
+    """The one decision every failed attempt goes through: an error no retry could end
+    differently first (``JobsError.final_because``), then the error's classification, then the
+    attempt count. An unclassified error keeps the attempt-count path."""
     classification = retry_classification(error)
+    final = error.final_because if isinstance(error, JobsError) else None
+    if final is None and classification == "terminal":
+        final = "the error's code is classified terminal"
     stop: StopReason | None = None
-    if classification == "terminal":
+    if final is not None:
         stop = "terminal"
     elif is_final_attempt(retry, attempt):
         stop = "attempts-exhausted"
     if stop is not None:
-        return FailureVerdict("dead-lettered" if retry.dead_letter else "dropped", stop_reason=stop)
+        kind: Literal["dead-lettered", "dropped"] = (
+            "dead-lettered" if retry.dead_letter else "dropped"
+        )
+        return FailureVerdict(kind, stop_reason=stop, terminal_because=final)
     stated = retry_after_seconds_of(error) if classification == "retry-after" else None
     if stated is not None:
         cap = retry.max_delay_s
@@ -578,7 +587,7 @@ async def _settle_failure(
     if verdict.stop_reason == "terminal":
         text += (
             f"\n[terminal: {verdict.kind} on attempt {claimed.attempt} of {claimed.max_attempts}; "
-            "the error's code is classified terminal, so no attempt was left to spend]"
+            f"{verdict.terminal_because}, so no attempt was left to spend]"
         )
     run_at = clock.now() + timedelta(seconds=verdict.delay_s)
     options = NackOptions(

@@ -18,6 +18,7 @@ from typing import Any, TypeAlias
 from .clock import Clock
 from .durations import Duration, parse_duration
 from .errors import (
+    EventWaitTimeoutError,
     InvariantError,
     JobAbortedError,
     JobTimeoutError,
@@ -254,7 +255,8 @@ class Step:
     ) -> JsonValue:
         """Suspend until an ``event`` whose payload contains ``match`` is published after this
         wait began; answers its payload. On ``timeout`` it answers None, or raises
-        ``X_JOB_TIMEOUT`` when ``required``.
+        ``X_JOB_TIMEOUT`` when ``required`` (``EventWaitTimeoutError``: the run ends on that
+        attempt, since a retry would replay the stored timeout).
 
         The wait is stamped on the bus's clock and a timeout is declared on that clock too,
         after one last look — a worker whose clock runs ahead never gives up early.
@@ -304,7 +306,7 @@ class Step:
 def _event_outcome(name: str, output: Mapping[str, Any], required: bool) -> JsonValue:
     if output.get("timed_out"):
         if required:
-            raise JobTimeoutError(
+            raise EventWaitTimeoutError(
                 f"wait_for_event {name!r} timed out before a matching event was published",
                 meta={"step": name},
             )
