@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from ultimat3.jobs.core import JobFilter, Retry, cli, job
+from ultimat3.jobs.core import AckOptions, JobFilter, NackOptions, Retry, cli, job
 from ultimat3.jobs.core.memory import MemoryJobDriver
 
 
@@ -174,3 +174,51 @@ def test_a_url_no_installed_driver_handles_is_x_driver_unavailable(
 ) -> None:
     assert cli.main(["--url", "nosuch://x", "queues"]) == 1
     assert "X_DRIVER_UNAVAILABLE" in capsys.readouterr().err
+
+
+async def settle_one(driver: MemoryJobDriver, name: str, *, ok: bool) -> None:
+    """Enqueue, claim and settle one report: acked after 40 ms, or dead-lettered after 20."""
+    await enqueue(name)
+    claimed = (await driver.claim(worker_id="w", slots={"default": 1}, visibility_timeout=30)).jobs[
+        0
+    ]
+    ref = claimed.claim
+    if ok:
+        await driver.ack(claimed.id, AckOptions(ref.worker_id, ref.claim, duration_ms=40))
+    else:
+        await driver.nack(
+            claimed.id, NackOptions(ref.worker_id, ref.claim, dead_letter=True, duration_ms=20)
+        )
+
+
+def test_counters_print_each_jobs_settles_and_their_mean_duration(
+    use_driver: MemoryJobDriver, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import asyncio
+
+    asyncio.run(settle_one(use_driver, "h", ok=True))
+    asyncio.run(settle_one(use_driver, "i", ok=False))
+    code, out = run(capsys, "counters")
+    assert code == 0
+    assert out == f"{build_report_for_cli.name}: done 1 retried 0 failed 0 dead 1, mean 30.0 ms\n"
+    code, out = run(capsys, "counters", "--job", build_report_for_cli.name)
+    assert out.endswith("(1 min): done 1 retried 0 failed 0 dead 1, mean 30.0 ms\n")
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (("workers",), "no live workers"),
+        (("tasks", "fires"), "no task has fired"),
+        (("counters",), "nothing settled since 1h"),
+        (("queues",), "no queues"),
+        (("jobs", "list"), "no jobs match"),
+    ],
+)
+def test_an_empty_answer_says_so(
+    use_driver: MemoryJobDriver,
+    capsys: pytest.CaptureFixture[str],
+    argv: tuple[str, ...],
+    said: str,
+) -> None:
+    assert run(capsys, *argv) == (0, f"{said}\n")

@@ -15,7 +15,7 @@ import json
 import os
 import sys
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from importlib.metadata import entry_points
 from typing import Any
 from urllib.parse import urlsplit
@@ -35,7 +35,7 @@ from .introspection import (
     retry_job,
     to_jsonable,
 )
-from .model import BulkFilter, JobFilter, JobRow, JobState
+from .model import BulkFilter, CounterBucket, CounterTotals, JobFilter, JobRow, JobState
 from .protocol import JobDriver
 from .refusals import job_not_found
 
@@ -106,7 +106,7 @@ async def _jobs_list(args: argparse.Namespace, driver: JobDriver) -> int:
         )
     )
 
-    lines = [_row_line(row) for row in page.rows]
+    lines = _or_none([_row_line(row) for row in page.rows], "no jobs match")
     if not page.last:
         lines.append(f"-- more: --after {job_cursor(page.rows[-1])}")
     # The cursors a JSON reader pages with (they are opaque: it cannot build them from a row).
@@ -201,11 +201,15 @@ async def _queues(args: argparse.Namespace, driver: JobDriver) -> int:
     _emit(
         args,
         queues,
-        (
-            f"{q.stats.queue}{' (paused)' if q.paused else ''}: ready {q.stats.ready} "
-            f"delayed {q.stats.delayed} running {q.stats.running} suspended {q.stats.suspended} "
-            f"done {q.stats.done} failed {q.stats.failed} dead {q.stats.dead}"
-            for q in queues
+        _or_none(
+            [
+                f"{q.stats.queue}{' (paused)' if q.paused else ''}: ready {q.stats.ready} "
+                f"delayed {q.stats.delayed} running {q.stats.running} suspended "
+                f"{q.stats.suspended} done {q.stats.done} failed {q.stats.failed} "
+                f"dead {q.stats.dead}"
+                for q in queues
+            ],
+            "no queues",
         ),
     )
     return 0
@@ -228,10 +232,13 @@ async def _workers(args: argparse.Namespace, driver: JobDriver) -> int:
     _emit(
         args,
         workers,
-        (
-            f"{w.id} on {w.host}: {len(w.in_flight)} in flight, queues {', '.join(w.queues)}, "
-            f"last heartbeat {w.last_heartbeat:%H:%M:%S}"
-            for w in workers
+        _or_none(
+            [
+                f"{w.id} on {w.host}: {len(w.in_flight)} in flight, queues "
+                f"{', '.join(w.queues)}, last heartbeat {w.last_heartbeat:%Y-%m-%d %H:%M:%S}"
+                for w in workers
+            ],
+            "no live workers",
         ),
     )
     return 0
@@ -239,20 +246,59 @@ async def _workers(args: argparse.Namespace, driver: JobDriver) -> int:
 
 async def _task_fires(args: argparse.Namespace, driver: JobDriver) -> int:
     fires = await introspection_of(driver).task_fires()
-    _emit(args, fires, (f"{f.task}: {f.occurrence_ms} at {f.fired_at}" for f in fires))
+    _emit(
+        args,
+        fires,
+        _or_none(
+            [
+                f"{f.task}: occurrence {_occurrence(f.occurrence_ms)}, "
+                f"fired {f.fired_at:%Y-%m-%d %H:%M:%S}"
+                for f in fires
+            ],
+            "no task has fired",
+        ),
+    )
     return 0
 
 
 async def _counters(args: argparse.Namespace, driver: JobDriver) -> int:
     since = driver.clock.now() - timedelta(seconds=parse_duration(args.since, field="--since"))
     introspect = introspection_of(driver)
-    result: Any
+    result: Sequence[CounterBucket | CounterTotals]
     if args.job:
         result = await introspect.counters(args.job, since=since)
     else:
         result = await introspect.counter_totals(since=since)
-    _emit(args, result, (str(item) for item in result))
+    _emit(
+        args,
+        result,
+        _or_none([_counts_line(item) for item in result], f"nothing settled since {args.since}"),
+    )
     return 0
+
+
+def _counts_line(counts: CounterBucket | CounterTotals) -> str:
+    """One job's totals, or one bucket of its history: the settles by kind and their mean
+    duration."""
+    if isinstance(counts, CounterBucket):
+        label = f"{counts.start:%Y-%m-%d %H:%M} ({counts.width_s // 60} min)"
+    else:
+        label = counts.name
+    settled = counts.done + counts.retried + counts.failed + counts.dead
+    mean = f", mean {counts.duration_ms / settled:.1f} ms" if settled else ""
+    return (
+        f"{label}: done {counts.done} retried {counts.retried} failed {counts.failed} "
+        f"dead {counts.dead}{mean}"
+    )
+
+
+def _occurrence(ms: int) -> str:
+    return f"{datetime.fromtimestamp(ms / 1000, UTC):%Y-%m-%d %H:%M:%S}"
+
+
+def _or_none(lines: list[str], none: str) -> list[str]:
+    """``lines``, or one line saying there is nothing: an empty answer is not silence."""
+    return lines or [none]
 
 
 async def _manifest(args: argparse.Namespace) -> int:
@@ -299,7 +345,13 @@ def _parser() -> argparse.ArgumentParser:
         "--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output"
     )
 
-    parser = argparse.ArgumentParser(prog="ujobs", description=__doc__, parents=[common])
+    parser = argparse.ArgumentParser(
+        prog="ujobs",
+        description="The operator's command line over a queue's jobs, queues, tasks, workers "
+        "and counters. The queue comes from --url, else DATABASE_URL, else REDIS_URL; every "
+        "command takes --json for machine-readable output.",
+        parents=[common],
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     jobs = sub.add_parser("jobs", help="inspect and operate on jobs").add_subparsers(
