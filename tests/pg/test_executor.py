@@ -53,8 +53,10 @@ def test_an_empty_url_is_refused_where_the_driver_is_built() -> None:
 async def test_an_unreachable_server_is_a_driver_unavailable_error() -> None:
     unreachable = "postgresql://nobody@127.0.0.1:1/none?connect_timeout=1"
     executor = PgExecutor(unreachable, open_timeout=0.5)
-    with pytest.raises(DriverUnavailableError, match="could not connect"):
+    with pytest.raises(DriverUnavailableError, match="could not connect") as caught:
         await postgres_job_driver(executor).stats()
+    # the cause, not only the pool's "initialization incomplete"
+    assert "port 1 failed" in str(caught.value)
     await executor.close()
 
 

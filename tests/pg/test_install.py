@@ -8,12 +8,13 @@ import inspect
 import psycopg
 import pytest
 
-from ultimat3.jobs.core import StepRecord
+from ultimat3.jobs.core import DriverUnavailableError, StepRecord
 from ultimat3.jobs.core.cli import driver_for_url, main
 from ultimat3.jobs.pg import (
     SQL_JOBS_TABLE,
     PostgresJobDriver,
     install,
+    postgres_job_driver,
     sql_backfills,
     sql_claim,
     sql_counters,
@@ -34,6 +35,9 @@ from ultimat3.jobs.pg import (
 from ultimat3.jobs.pg.rows import step_record
 
 pytestmark = pytest.mark.pg
+
+UNREACHABLE = "postgresql://nobody@127.0.0.1:1/none"
+"""A URL nothing listens on: port 1 refuses at once."""
 
 TABLES = {
     "x_jobs",
@@ -86,6 +90,41 @@ def test_ujobs_migrate_reads_database_url_from_the_environment(
     assert tables_of(pg_database_url) >= TABLES
 
 
+def test_ujobs_migrate_takes_the_url_every_command_takes(pg_database_url: str) -> None:
+    assert main(["--url", as_url(pg_database_url), "migrate"]) == 0
+    assert tables_of(pg_database_url) >= TABLES
+
+
+def test_ujobs_migrate_refuses_the_url_of_another_backend(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["--url", "redis://127.0.0.1:6379/0", "migrate"]) == 2
+    assert "redis:// is not a Postgres URL" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["migrate", "--database-url", UNREACHABLE], ["queues"]])
+def test_ujobs_names_why_it_could_not_connect_at_once(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One direct attempt, not the pool's 30 s of retries; the cause is libpq's own words."""
+    assert main(["--url", UNREACHABLE, *argv]) == 1
+    said = capsys.readouterr().err
+    assert "X_DRIVER_UNAVAILABLE: could not connect to Postgres" in said
+    assert "port 1 failed" in said
+
+
+async def test_a_database_without_the_schema_says_how_to_install_it(
+    pg_database_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    driver = postgres_job_driver(pg_database_url)
+    with pytest.raises(DriverUnavailableError, match="lacks the ultimat3-jobs schema") as caught:
+        await driver.stats()
+    await driver.close()
+    assert "ujobs migrate" in str(caught.value)
+    assert await asyncio.to_thread(main, ["--url", as_url(pg_database_url), "queues"]) == 1
+    assert "ujobs migrate" in capsys.readouterr().err
+
+
 STEPS_BEFORE_KINDS = """
 create table x_job_steps (
     run_id    text collate "C" not null,
@@ -121,15 +160,19 @@ async def test_install_adds_the_step_kind_to_a_database_made_before_it(
     assert checks == (1,)
 
 
-async def test_a_postgres_url_finds_this_driver(pg_url: str) -> None:
-    params = psycopg.conninfo.conninfo_to_dict(pg_url)
-    url = "postgresql://{user}@{host}:{port}/{dbname}".format(
+def as_url(conninfo: str) -> str:
+    """A ``key=value`` conninfo (as the fixtures give) as the URL an operator passes."""
+    params = psycopg.conninfo.conninfo_to_dict(conninfo)
+    return "postgresql://{user}@{host}:{port}/{dbname}".format(
         user=params.get("user", "postgres"),
         host=params.get("host", "127.0.0.1"),
         port=params.get("port", 5432),
         dbname=params["dbname"],
     )
-    driver = await driver_for_url(url)
+
+
+async def test_a_postgres_url_finds_this_driver(pg_url: str) -> None:
+    driver = await driver_for_url(as_url(pg_url))
     try:
         assert isinstance(driver, PostgresJobDriver)
         assert await driver.stats() == []

@@ -26,7 +26,13 @@ from typing import Any, NamedTuple, TypeAlias, TypeVar
 
 import psycopg
 from psycopg import AsyncConnection, AsyncCursor
-from psycopg.errors import DeadlockDetected, SerializationFailure, TransactionRollback
+from psycopg.errors import (
+    DeadlockDetected,
+    SerializationFailure,
+    TransactionRollback,
+    UndefinedColumn,
+    UndefinedTable,
+)
 from psycopg.pq import ExecStatus, TransactionStatus
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool
@@ -34,6 +40,7 @@ from psycopg_pool import AsyncConnectionPool
 from ultimat3.jobs.core.errors import DriverUnavailableError
 
 __all__ = [
+    "CONNECT_TIMEOUT_S",
     "DEFAULT_OPEN_TIMEOUT_S",
     "DEFAULT_POOL_MAX",
     "DEFAULT_POOL_MIN",
@@ -41,8 +48,10 @@ __all__ = [
     "Params",
     "PgExecutor",
     "PgTarget",
+    "connection_refused",
     "on_the_wire",
     "pg_executor",
+    "schema_missing",
 ]
 
 
@@ -61,6 +70,8 @@ DEFAULT_POOL_MIN = 1
 DEFAULT_POOL_MAX = 8
 """The pool a driver opens from a URL: one connection for the claim loop, one for settles, and
 spares for enqueues and the operator surface."""
+CONNECT_TIMEOUT_S = 5
+"""How long a single diagnostic connection attempt waits for a server that does not answer."""
 DEFAULT_OPEN_TIMEOUT_S = 30.0
 """How long opening that pool waits for its first connections before the driver reports the
 server unreachable."""
@@ -68,6 +79,38 @@ server unreachable."""
 _ROLLED_BACK = (TransactionRollback, DeadlockDetected, SerializationFailure)
 """What the server raises when it rolled a statement back to resolve a conflict (psycopg does
 not derive the last two from the first)."""
+
+
+_SCHEMA_MISSING = (UndefinedTable, UndefinedColumn)
+"""What a statement meets in a database whose tables were never installed, or were installed by
+an older release."""
+
+
+def schema_missing(error: psycopg.Error) -> DriverUnavailableError:
+    """``error`` (a table or column this package uses is missing) as the operator's next step."""
+    return DriverUnavailableError(
+        "this database lacks the ultimat3-jobs schema, or has an older one "
+        f"({error.diag.message_primary or error}); apply it with `ujobs migrate --database-url "
+        "URL` or `await install(URL)`, which is idempotent and safe on every deploy"
+    )
+
+
+async def connection_refused(url: str) -> str | None:
+    """Why one direct connection to ``url`` fails (a refused connection, a database that does
+    not exist, a password refused), or None when it succeeds. Waits at most
+    ``CONNECT_TIMEOUT_S`` for a server that does not answer."""
+    try:
+        conn = await AsyncConnection.connect(url, connect_timeout=CONNECT_TIMEOUT_S)
+    except psycopg.Error as exc:
+        return " ".join(str(exc).split())  # libpq's hint comes on a line of its own
+    await conn.close()
+    return None
+
+
+async def _why_not(url: str, failure: Exception) -> str:
+    """Why a pool could not open: psycopg-pool reports only that it timed out, and logs the
+    connection errors behind it; one direct attempt names the cause."""
+    return await connection_refused(url) or str(failure)
 
 
 class _Session(NamedTuple):
@@ -156,8 +199,8 @@ class PgExecutor:
                 except Exception as exc:
                     await pool.close()
                     raise DriverUnavailableError(
-                        f"could not connect to Postgres: {exc}; check DATABASE_URL and that "
-                        "the server is up"
+                        f"could not connect to Postgres: {await _why_not(self._url, exc)}; "
+                        "check DATABASE_URL and that the server is up"
                     ) from exc
                 self._pool = pool
         return self._pool
@@ -281,6 +324,8 @@ class PgExecutor:
                 return await work(session)
         except _ROLLED_BACK:
             pass  # a deadlock or serialization victim: nothing was applied
+        except _SCHEMA_MISSING as exc:
+            raise schema_missing(exc) from exc
         except psycopg.OperationalError as exc:
             if used is None or not (used.broken or used.closed):
                 raise
