@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -222,3 +224,33 @@ def test_an_empty_answer_says_so(
     said: str,
 ) -> None:
     assert run(capsys, *argv) == (0, f"{said}\n")
+
+
+APP = """
+from ultimat3.jobs.core import job
+
+
+@job(input=dict, idempotency_key=lambda i: "k", tenant="none", name="cli_manifest_probe")
+async def probe(*, input: dict) -> None:
+    return None
+"""
+
+
+def test_manifest_imports_the_app_from_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As ``python -m`` finds it: a console script's own path leaves the directory out."""
+    (tmp_path / "acme_cli_app.py").write_text(APP)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    monkeypatch.delitem(sys.modules, "acme_cli_app", raising=False)
+    code, manifest = run(capsys, "manifest", "--app", "acme_cli_app", "--json")
+    assert code == 0
+    assert "cli_manifest_probe" in [entry["name"] for entry in manifest["jobs"]]
+
+
+def test_manifest_of_a_module_it_cannot_import_says_so(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert cli.main(["manifest", "--app", "no_such_app_module"]) == 2
+    assert "cannot import 'no_such_app_module'" in capsys.readouterr().err

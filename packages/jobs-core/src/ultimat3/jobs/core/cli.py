@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import importlib
 import json
 import os
 import sys
@@ -303,7 +304,18 @@ def _or_none(lines: list[str], none: str) -> list[str]:
 
 async def _manifest(args: argparse.Namespace) -> int:
     if args.app:
-        __import__(args.app)
+        # The working directory first, as `python -m` has it: a console script's path leaves it
+        # out, and the app's own modules are found from where the operator stands.
+        if os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())
+        try:
+            importlib.import_module(args.app)
+        except ImportError as exc:
+            sys.stderr.write(
+                f"ujobs manifest: cannot import {args.app!r} ({exc}); run ujobs from the "
+                "directory it is importable from, or pass its dotted path\n"
+            )
+            return 2
     manifest = inspect_manifest()
     _emit(args, manifest, [json.dumps(to_jsonable(manifest), indent=2)])
     return 0
