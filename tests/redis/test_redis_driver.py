@@ -10,6 +10,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
+import redis.exceptions
 
 from ultimat3.jobs.core import (
     AckOptions,
@@ -130,6 +131,32 @@ async def test_driver_from_url_reads_the_namespace_from_the_query(redis_url: str
 async def test_driver_from_url_says_so_when_the_server_does_not_answer() -> None:
     with pytest.raises(DriverUnavailableError, match="did not answer"):
         await driver_from_url("redis://127.0.0.1:1/0")
+
+
+@pytest.mark.parametrize(
+    "operation",
+    [
+        lambda d, new: d.enqueue(new()),
+        lambda d, new: d.claim(worker_id="w", slots={"q": 1}, visibility_timeout=30),
+        lambda d, new: d.ack("some-id", AckOptions("w", "c")),
+        lambda d, new: d.introspect.list(JobFilter()),
+        lambda d, new: d.leases.holders("key"),
+        lambda d, new: d.events.now(),
+    ],
+    ids=["enqueue", "claim", "ack", "list", "leases", "events"],
+)
+async def test_a_server_that_does_not_answer_is_x_driver_unavailable(
+    operation: Callable[[RedisJobDriver, RequestBuilder], Any], new_request: RequestBuilder
+) -> None:
+    """As on every driver, so code written against the protocol catches it without naming the
+    backend; it is still redis-py's ConnectionError for code written against that."""
+    driver = redis_job_driver(url="redis://127.0.0.1:1/0")
+    try:
+        with pytest.raises(DriverUnavailableError, match="Redis did not answer") as caught:
+            await operation(driver, new_request)
+        assert isinstance(caught.value, redis.exceptions.ConnectionError)
+    finally:
+        await driver.close()
 
 
 def test_a_driver_without_a_url_reads_redis_url(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -14,6 +14,10 @@ already finished the row answers ``True`` and changes nothing.
 
 Time: a driver reads ``now`` from its ``clock`` for every decision (due rows, lapsed leases, TTLs),
 so a frozen clock drives it in tests. ``EnqueueRequest.run_at`` comes from the enqueuer.
+
+Outages: a backend out of reach (refused, timed out, its connection broken) raises
+``DriverUnavailableError`` (``X_DRIVER_UNAVAILABLE``) or a subclass of it, so a caller catches an
+outage without naming the backend.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ from .scheduler import (
     redis_lease_leader,
     redis_scheduler_state,
 )
+from .unavailable import RedisUnavailableError
 from .wake import RedisQueueWake, start_queue_wake
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "RedisLeaseStore",
     "RedisQueueWake",
     "RedisSchedulerState",
+    "RedisUnavailableError",
     "hash_slot",
     "redis_job_driver",
     "redis_lease_leader",

@@ -14,10 +14,12 @@ from ultimat3.jobs.core.model import BackfillRow, JsonValue
 
 from .codec import fields, from_us, json_text, optional
 from .namespace import Namespace
+from .unavailable import reports_unavailable
 
 __all__ = ["RedisBackfillLedger"]
 
 
+@reports_unavailable
 class RedisBackfillLedger:
     def __init__(self, ns: Namespace) -> None:
         self._ns = ns

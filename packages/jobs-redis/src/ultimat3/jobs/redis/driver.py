@@ -56,6 +56,7 @@ from .introspect import RedisIntrospection
 from .keys import DEFAULT_PREFIX, namespace_base
 from .leases import RedisLeaseStore
 from .namespace import Namespace, RedisClient
+from .unavailable import reports_unavailable
 from .wire import DEFAULT_COMMAND_TIMEOUT
 
 __all__ = ["DEFAULT_COMMAND_TIMEOUT", "DEFAULT_DONE_TTL", "RedisJobDriver", "redis_job_driver"]
@@ -82,6 +83,7 @@ _Settle = tuple[str, ...]
 _Renewal = tuple[str, str, str, str]
 
 
+@reports_unavailable
 class RedisJobDriver:
     def __init__(
         self,

@@ -22,6 +22,7 @@ from ultimat3.jobs.core.model import EventRecord, JsonValue
 
 from .codec import from_us, json_text, to_us
 from .namespace import Namespace
+from .unavailable import reports_unavailable
 
 __all__ = ["RedisEventBus"]
 
@@ -29,6 +30,7 @@ _PAGE = 100
 _PURGE_CHUNK = 1000
 
 
+@reports_unavailable
 class RedisEventBus:
     def __init__(self, ns: Namespace) -> None:
         self._ns = ns

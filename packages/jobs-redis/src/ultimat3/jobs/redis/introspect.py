@@ -41,6 +41,7 @@ from ultimat3.jobs.core.model import (
 from .codec import decode_steps, encode_progress, fields, from_us, optional, read_row, to_us
 from .namespace import Namespace
 from .paging import Position, walk
+from .unavailable import reports_unavailable
 
 __all__ = ["RedisIntrospection"]
 
@@ -55,6 +56,7 @@ _FIELD_KINDS = (*COUNTER_KINDS, "ms")
 """What a bucket's fields end in, after its ``<width>:<start>:``."""
 
 
+@reports_unavailable
 class RedisIntrospection:
     def __init__(self, ns: Namespace) -> None:
         self._ns = ns

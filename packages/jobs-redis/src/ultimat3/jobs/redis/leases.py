@@ -14,12 +14,14 @@ from typing import Any
 
 from .codec import to_us
 from .namespace import Namespace
+from .unavailable import reports_unavailable
 
 __all__ = ["RedisLeaseStore"]
 
 _BACKSTOP_S = 3600.0
 
 
+@reports_unavailable
 class RedisLeaseStore:
     def __init__(self, ns: Namespace) -> None:
         self._ns = ns

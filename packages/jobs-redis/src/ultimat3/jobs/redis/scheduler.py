@@ -20,6 +20,7 @@ from ultimat3.jobs.core.model import Enqueued, EnqueueRequest
 from .codec import read_enqueued, request_args
 from .driver import RedisJobDriver
 from .namespace import Namespace
+from .unavailable import reports_unavailable
 
 __all__ = [
     "DEFAULT_LEADER_TTL_S",
@@ -32,6 +33,7 @@ DEFAULT_LEADER_TTL_S = 30.0
 """Three of the scheduler's 10 s renewals: a leader that misses two is still the leader."""
 
 
+@reports_unavailable
 class RedisSchedulerState:
     records_fires = False
     """The fire script keeps no fire record; the scheduler writes it through the operator
