@@ -187,3 +187,14 @@ async def test_a_pool_handed_in_prepares_as_its_own_threshold_says(pg_url: str) 
             await driver.stats()
         async with pool.connection() as conn:
             assert await prepared_statements(conn) == 0
+
+
+async def test_no_connection_from_the_pool_in_time_is_a_driver_unavailable_error(
+    pg_url: str,
+) -> None:
+    """As every driver reports an outage: psycopg-pool's own PoolTimeout names the backend."""
+    async with AsyncConnectionPool(pg_url, min_size=1, max_size=1, timeout=0.2, open=False) as pool:
+        executor = PgExecutor(pool)
+        async with pool.connection():  # the only connection, held
+            with pytest.raises(DriverUnavailableError, match="no connection to Postgres came"):
+                await executor.fetch("select 1", idempotent=True)

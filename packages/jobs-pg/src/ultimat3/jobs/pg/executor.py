@@ -327,8 +327,13 @@ class PgExecutor:
         except _SCHEMA_MISSING as exc:
             raise schema_missing(exc) from exc
         except psycopg.OperationalError as exc:
-            if used is None or not (used.broken or used.closed):
-                raise
+            if used is None:  # no connection came: the pool timed out, or could not dial
+                raise DriverUnavailableError(
+                    f"no connection to Postgres came from the pool ({exc}); the server may be "
+                    "down, or every connection busy (pool_max)"
+                ) from exc
+            if not (used.broken or used.closed):
+                raise  # the server refused the statement (a timeout, a cancel): no outage
             await self._lost(exc, idempotent=idempotent)
         async with self._session() as session:
             return await work(session)
