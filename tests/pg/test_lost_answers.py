@@ -1,5 +1,6 @@
 """A statement whose connection died after it committed: run again only when a repeat changes
-nothing and answers the same; every other write raises, applied once."""
+nothing and answers the same, or (a claim, a nack) when the driver can tell what the first one
+did; every other write raises, applied once."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from ultimat3.jobs.core import (
     JobState,
     new_id,
 )
-from ultimat3.jobs.core.model import AckOptions, ClaimRef, NackOptions
+from ultimat3.jobs.core.model import AckOptions, ClaimedJob, ClaimRef, NackOptions
 from ultimat3.jobs.pg import (
     PostgresJobDriver,
     jobs_transaction,
@@ -152,15 +153,53 @@ async def test_an_ack_whose_answer_was_lost_is_run_again_and_counted_once(
     assert await count(lossy, "select coalesce(sum(done), 0) from x_job_counters") == 1
 
 
-async def test_a_nack_whose_answer_was_lost_raises_rather_than_answering_false(
+async def claim_one(driver: PostgresJobDriver) -> ClaimedJob:
+    [job] = (await driver.claim(worker_id="w", slots={"q": 1}, visibility_timeout=30)).jobs
+    return job
+
+
+@pytest.mark.parametrize("lost", ["the answer", "the statement"])
+async def test_a_nack_whose_connection_died_lands_once_and_answers_true(
+    lossy: PostgresJobDriver, faults: Faults, clock: FrozenClock, lost: str
+) -> None:
+    """Whether the first one committed (its answer lost) or never ran: sent again, it lands
+    only where it had not, so the retry is counted once either way."""
+    await lossy.enqueue(request(clock))
+    job = await claim_one(lossy)
+    if lost == "the answer":
+        faults.lose_answers()
+    else:
+        faults.fail_before_sending()
+    assert await lossy.nack(job.id, NackOptions("w", job.claim.claim, error="boom"))
+    ready = "select count(*) from x_jobs where state = 'ready' and last_error = 'boom'"
+    assert await count(lossy, ready) == 1
+    assert await count(lossy, "select coalesce(sum(retried), 0) from x_job_counters") == 1
+
+
+async def test_a_final_nack_whose_answer_was_lost_keeps_its_own_error_on_the_dead_row(
+    lossy: PostgresJobDriver, faults: Faults, clock: FrozenClock
+) -> None:
+    """Raising instead left the row to lapse, and the lapse buried it under
+    LEASE_LAPSED_FINAL_ATTEMPT in place of the error that ended it."""
+    await lossy.enqueue(request(clock, max_attempts=1))
+    job = await claim_one(lossy)
+    faults.lose_answers()
+    assert await lossy.nack(
+        job.id, NackOptions("w", job.claim.claim, error="boom", dead_letter=True)
+    )
+    dead = "select count(*) from x_jobs where state = 'dead' and last_error = 'boom'"
+    assert await count(lossy, dead) == 1
+
+
+async def test_a_nack_sent_again_after_an_operator_cancelled_the_row_answers_false(
     lossy: PostgresJobDriver, faults: Faults, clock: FrozenClock
 ) -> None:
     await lossy.enqueue(request(clock))
-    [job] = (await lossy.claim(worker_id="w", slots={"q": 1}, visibility_timeout=30)).jobs
-    faults.lose_answers()
-    with pytest.raises(DriverUnavailableError):
-        await lossy.nack(job.id, NackOptions("w", job.claim.claim, error="boom"))
-    assert await count(lossy, "select count(*) from x_jobs where state = 'ready'") == 1
+    job = await claim_one(lossy)
+    await lossy.introspect.cancel(job.id)
+    faults.fail_before_sending()
+    assert not await lossy.nack(job.id, NackOptions("w", job.claim.claim, error="boom"))
+    assert await count(lossy, "select count(*) from x_jobs where state = 'cancelled'") == 1
 
 
 async def test_a_lease_acquire_whose_answer_was_lost_answers_the_slot_it_took(

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-__all__ = ["LOGGER", "log_claim_answer_lost", "log_event"]
+__all__ = ["LOGGER", "log_claim_answer_lost", "log_event", "log_nack_answer_lost"]
 
 LOGGER = logging.getLogger("ultimat3.jobs")
 
@@ -31,5 +31,18 @@ def log_claim_answer_lost(worker_id: str, taken_back: int, error: BaseException)
         "jobs.claim.answer-lost",
         worker=worker_id,
         taken_back=taken_back,
+        error=str(error),
+    )
+
+
+def log_nack_answer_lost(nacks: int, sent_again: int, error: BaseException) -> None:
+    """A batch of ``nacks`` lost its answer with its connection; its driver sent it again, and
+    the nacks that had not landed the first time (``sent_again``) landed then. Logged alike by
+    every driver."""
+    log_event(
+        logging.WARNING,
+        "jobs.nack.answer-lost",
+        nacks=nacks,
+        sent_again=sent_again,
         error=str(error),
     )

@@ -25,7 +25,7 @@ from ultimat3.jobs.core.constants import COUNTER_TIERS
 from ultimat3.jobs.core.counters import bucket_start
 from ultimat3.jobs.core.errors import InvariantError
 from ultimat3.jobs.core.ids import new_id
-from ultimat3.jobs.core.logs import log_claim_answer_lost
+from ultimat3.jobs.core.logs import log_claim_answer_lost, log_nack_answer_lost
 from ultimat3.jobs.core.model import (
     AckOptions,
     ClaimedJob,
@@ -57,7 +57,7 @@ from .rows import claimed_job, dump_json, enqueue_answers, enqueue_params, exhau
 from .sql_claim import SQL_CLAIM, SQL_CLAIM_HELD
 from .sql_enqueue import SQL_ENQUEUE
 from .sql_read import SQL_STATS
-from .sql_settle import SQL_ACK, SQL_HEARTBEAT, SQL_NACK, SQL_SAVE_STEP
+from .sql_settle import SQL_ACK, SQL_HEARTBEAT, SQL_NACK, SQL_SAVE_STEP, SQL_UNCLAIMED_STATES
 
 __all__ = ["PostgresJobDriver", "postgres_job_driver"]
 
@@ -294,17 +294,39 @@ class PostgresJobDriver:
             )
             for job_id, options in items
         ]
-        rows = await self._executor.fetch(
-            SQL_NACK,
-            {
-                "rows": dump_json(batch),
-                "count": len(batch),
-                "now": now,
-                "bucket": bucket_start(now, _MINUTE),
-            },
-        )
+        params = {
+            "rows": dump_json(batch),
+            "count": len(batch),
+            "now": now,
+            "bucket": bucket_start(now, _MINUTE),
+        }
+        try:
+            rows = await self._executor.fetch(SQL_NACK, params)
+        except AnswerLostError as lost:
+            return await self._nacked_before(lost, batch, params)
         landed = {row[0] for row in rows}
         return [job_id in landed for job_id, _ in items]
+
+    async def _nacked_before(
+        self, lost: AnswerLostError, batch: Sequence[tuple[Any, ...]], params: dict[str, Any]
+    ) -> list[bool]:
+        """The answers of a nack batch whose answer was lost. Sent again, a nack lands only on
+        a row the first one did not move (each is fenced on its claim, which a landed nack
+        cleared), and is counted only there. A row the second one does not land on answers by
+        what it holds now: in the state its nack sent it to, and held by no claim, the first
+        one landed (on a final attempt, a burial by another worker's claim in the meantime
+        reads the same: dead either way). Left raising, a final attempt's nack that had not
+        landed was buried when its lease lapsed, its error replaced by the lapse's."""
+        again = {row[0] for row in await self._executor.fetch(SQL_NACK, params)}
+        settled = dict(
+            await self._executor.fetch(
+                SQL_UNCLAIMED_STATES,
+                {"ids": [row[0] for row in batch if row[0] not in again]},
+                idempotent=True,
+            )
+        )
+        log_nack_answer_lost(len(batch), len(again), lost)
+        return [row[0] in again or settled.get(row[0]) == row[3] for row in batch]
 
     async def heartbeat(self, job_id: str, ref: ClaimRef, visibility_timeout: float) -> bool:
         lease_until = self._clock.now() + timedelta(seconds=visibility_timeout)

@@ -11,8 +11,11 @@ connection as it hands it out, so the first statement after a restart gets a liv
 whose connection dies UNDER it is another matter: it may have committed with only its answer lost,
 so it is run again only when the caller marked it ``idempotent`` — a read, or a write whose repeat
 changes nothing and answers the same (an ack is one: ``sql_settle.py``). Everything else raises
-``DriverUnavailableError``: running an enqueue, a claim or a nack twice would answer wrongly
-(deduped, a stranded batch, False) or apply it twice. A statement the server rolled back to
+``AnswerLostError`` (a ``DriverUnavailableError``): running an enqueue blindly again would answer
+``deduped`` for its own insert, a claim would strand its first batch, a nack would answer False
+for one that landed. A caller that can tell what the first one did catches it and looks: the
+driver's claim reads back the rows it took, its nack sends the batch again (fenced, so it lands
+only where the first did not) and reads the states of the rest. A statement the server rolled back to
 break a deadlock or a serialization conflict applied nothing, and is always run once more.
 """
 

@@ -31,6 +31,7 @@ __all__ = [
     "SQL_NACK",
     "SQL_RECORD_PROGRESS",
     "SQL_SAVE_STEP",
+    "SQL_UNCLAIMED_STATES",
 ]
 
 SQL_ACK = """
@@ -147,6 +148,16 @@ counted as (
         duration_ms = c.duration_ms + excluded.duration_ms
 )
 select id from nacked
+"""
+
+SQL_UNCLAIMED_STATES = """
+-- Parameters: ids[].
+-- The state of each of these rows that no claim holds (a nack, a burial, an operator's action
+-- leave none): how a nack batch whose answer was lost learns which of its nacks had landed.
+select id, state
+from x_jobs
+where id = any(%(ids)s::text[])
+  and claim is null
 """
 
 SQL_HEARTBEAT = """
