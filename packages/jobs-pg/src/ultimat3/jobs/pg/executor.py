@@ -15,8 +15,9 @@ changes nothing and answers the same (an ack is one: ``sql_settle.py``). Everyth
 ``deduped`` for its own insert, a claim would strand its first batch, a nack would answer False
 for one that landed. A caller that can tell what the first one did catches it and looks: the
 driver's claim reads back the rows it took, its nack sends the batch again (fenced, so it lands
-only where the first did not) and reads the states of the rest. A statement the server rolled back to
-break a deadlock or a serialization conflict applied nothing, and is always run once more.
+only where the first did not) and reads the states of the rest. A statement the server rolled
+back to break a deadlock or a serialization conflict applied nothing, and is always run once
+more.
 """
 
 from __future__ import annotations
