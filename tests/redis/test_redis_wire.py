@@ -229,17 +229,31 @@ async def test_an_ack_whose_reply_was_lost_is_sent_again_and_counted_once(
     assert totals.done == 1
 
 
-async def test_a_nack_whose_reply_was_lost_raises_instead_of_answering_false(
-    relay: Relay, relayed: RedisJobDriver, new_request: RequestBuilder
+async def test_a_nack_whose_reply_was_lost_is_sent_again_and_answers_true_counted_once(
+    relay: Relay, relayed: RedisJobDriver, new_request: RequestBuilder, clock: FrozenClock
 ) -> None:
     queued = await relayed.enqueue(new_request())
     (job,) = (await relayed.claim(worker_id="w", slots={"q": 1}, visibility_timeout=30)).jobs
     relay.drop_at_next_reply()
-    with pytest.raises(ConnectionError):
-        await relayed.nack(job.id, NackOptions(job.claim.worker_id, job.claim.claim, error="x"))
+    assert await relayed.nack(job.id, NackOptions("w", job.claim.claim, error="x"))
     detail = await relayed.introspect.get(queued.id)
     assert detail is not None
-    assert detail.row.state is JobState.READY
+    assert (detail.row.state, detail.row.last_error) == (JobState.READY, "x")
+    [totals] = await relayed.introspect.counter_totals(since=clock.now() - timedelta(hours=1))
+    assert totals.retried == 1
+
+
+async def test_a_nack_sent_again_after_an_operator_cancelled_the_row_answers_false(
+    relay: Relay, relayed: RedisJobDriver, new_request: RequestBuilder
+) -> None:
+    queued = await relayed.enqueue(new_request())
+    (job,) = (await relayed.claim(worker_id="w", slots={"q": 1}, visibility_timeout=30)).jobs
+    await relayed.introspect.cancel(queued.id)
+    relay.drop_at_next_reply()
+    assert not await relayed.nack(job.id, NackOptions("w", job.claim.claim, error="x"))
+    detail = await relayed.introspect.get(queued.id)
+    assert detail is not None
+    assert detail.row.state is JobState.CANCELLED
 
 
 async def test_a_claim_whose_reply_was_lost_answers_the_rows_it_took_and_no_more(

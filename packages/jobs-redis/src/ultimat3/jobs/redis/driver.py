@@ -25,7 +25,7 @@ from ultimat3.jobs.core.coalesce import Coalescer
 from ultimat3.jobs.core.durations import Duration, parse_duration
 from ultimat3.jobs.core.errors import DriverUnavailableError, InvariantError
 from ultimat3.jobs.core.ids import new_id
-from ultimat3.jobs.core.logs import log_claim_answer_lost
+from ultimat3.jobs.core.logs import log_claim_answer_lost, log_nack_answer_lost
 from ultimat3.jobs.core.model import (
     LEASE_LAPSED_FINAL_ATTEMPT,
     AckOptions,
@@ -245,8 +245,33 @@ class RedisJobDriver:
             args += settle
         # Acks alone may run twice: one that landed answers 1 again (settle.lua).
         acks_only = all(settle[0] == "a" for settle in batch)
-        answers = await self._ns.call("settle", *args, repeatable=acks_only)
+        try:
+            answers = await self._ns.call("settle", *args, repeatable=acks_only)
+        except ConnectionError as lost:
+            if acks_only:
+                raise  # the wire already sent it again
+            return await self._settled_before(lost, batch, args)
         return [bool(landed) for landed in answers]
+
+    async def _settled_before(
+        self, lost: ConnectionError, batch: Sequence[_Settle], args: Sequence[str]
+    ) -> list[bool]:
+        """The answers of a settle batch holding nacks whose answer was lost. Sent again, each
+        settle lands only where the first did not (fenced on its claim), and is counted only
+        there; an ack that had landed answers 1 again. A nack the second send does not land on
+        answers by its row: in the state it sent the row to, still marked with its worker and
+        claim (a move keeps them), the first one landed."""
+        answers = await self._ns.call("settle", *args, repeatable=True)
+        landed = [bool(answer) for answer in answers]
+        unsure = [i for i, settle in enumerate(batch) if settle[0] == "n" and not landed[i]]
+        rows = await self._ns.hashes([f"job:{batch[i][1]}" for i in unsure])
+        for i, row in zip(unsure, rows, strict=True):
+            _, _, worker, claim, target, *_ = batch[i]
+            held = (row.get("state"), row.get("worker"), row.get("claim"))
+            landed[i] = held == (target, worker, claim)
+        nacks = sum(settle[0] == "n" for settle in batch)
+        log_nack_answer_lost(nacks, nacks - len(unsure), lost)
+        return landed
 
     async def heartbeat(self, job_id: str, ref: ClaimRef, visibility_timeout: float) -> bool:
         lease_until = self._ns.clock.now() + timedelta(seconds=visibility_timeout)

@@ -11,9 +11,10 @@ refused with NOSCRIPT never ran).
 A call whose connection broke after its command was written is repeated only when the script is
 in ``REPEATABLE``, or its caller says this call is (a settle of acks only): a second run there
 answers what the first would have. Any other call may have run, so its caller gets the
-``ConnectionError`` — repeating it would lie: an enqueue would answer ``deduped`` for its own
-insert, a nack False for one that landed, and a claim would leave the first run's rows running
-with no worker (a final attempt then buried, never run).
+``ConnectionError`` — repeated blindly it would lie: an enqueue would answer ``deduped`` for its
+own insert, a nack False for one that landed, and a claim would leave the first run's rows
+running with no worker (a final attempt then buried, never run). The driver's claim and nack
+catch it and look for what the first run did (``driver.py``).
 """
 
 from __future__ import annotations
