@@ -315,8 +315,9 @@ class PostgresJobDriver:
         cleared), and is counted only there. A row the second one does not land on answers by
         what it holds now: in the state its nack sent it to, and held by no claim, the first
         one landed (on a final attempt, a burial by another worker's claim in the meantime
-        reads the same: dead either way). Left raising, a final attempt's nack that had not
-        landed was buried when its lease lapsed, its error replaced by the lapse's."""
+        reads the same: dead either way). Raising instead would leave a final attempt whose
+        nack had not landed to lapse, buried under LEASE_LAPSED_FINAL_ATTEMPT in place of the
+        error that ended it."""
         again = {row[0] for row in await self._executor.fetch(SQL_NACK, params)}
         settled = dict(
             await self._executor.fetch(
