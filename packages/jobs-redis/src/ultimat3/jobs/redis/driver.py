@@ -243,25 +243,21 @@ class RedisJobDriver:
         args = [str(len(batch))]
         for settle in batch:
             args += settle
-        # Acks alone may run twice: one that landed answers 1 again (settle.lua).
-        acks_only = all(settle[0] == "a" for settle in batch)
         try:
-            answers = await self._ns.call("settle", *args, repeatable=acks_only)
+            answers = await self._ns.call("settle", *args)
         except ConnectionError as lost:
-            if acks_only:
-                raise  # the wire already sent it again
             return await self._settled_before(lost, batch, args)
         return [bool(landed) for landed in answers]
 
     async def _settled_before(
         self, lost: ConnectionError, batch: Sequence[_Settle], args: Sequence[str]
     ) -> list[bool]:
-        """The answers of a settle batch holding nacks whose answer was lost. Sent again, each
-        settle lands only where the first did not (fenced on its claim), and is counted only
-        there; an ack that had landed answers 1 again. A nack the second send does not land on
+        """The answers of a settle batch whose answer was lost. Sent again, each settle lands
+        only where the first did not (fenced on its claim), and is counted only there; an ack
+        that had landed answers 1 again (settle.lua). A nack the second send does not land on
         answers by its row: in the state it sent the row to, still marked with its worker and
         claim (a move keeps them), the first one landed."""
-        answers = await self._ns.call("settle", *args, repeatable=True)
+        answers = await self._ns.call("settle", *args)
         landed = [bool(answer) for answer in answers]
         unsure = [i for i, settle in enumerate(batch) if settle[0] == "n" and not landed[i]]
         rows = await self._ns.hashes([f"job:{batch[i][1]}" for i in unsure])
@@ -270,7 +266,8 @@ class RedisJobDriver:
             held = (row.get("state"), row.get("worker"), row.get("claim"))
             landed[i] = held == (target, worker, claim)
         nacks = sum(settle[0] == "n" for settle in batch)
-        log_nack_answer_lost(nacks, nacks - len(unsure), lost)
+        if nacks:
+            log_nack_answer_lost(nacks, nacks - len(unsure), lost)
         return landed
 
     async def heartbeat(self, job_id: str, ref: ClaimRef, visibility_timeout: float) -> bool:

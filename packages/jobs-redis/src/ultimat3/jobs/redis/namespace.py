@@ -83,14 +83,12 @@ class Namespace:
         *args: Any,
         now: datetime | None = None,
         keys: Sequence[str] = (),
-        repeatable: bool | None = None,
     ) -> Any:
-        """Run script ``name`` with the header for ``now`` (default: the clock's now);
-        ``repeatable`` as ``ScriptRunner`` reads it."""
+        """Run script ``name`` with the header for ``now`` (default: the clock's now)."""
         at = self.clock.now() if now is None else now
         bucket = bucket_start(at, _MINUTE)
         header = (to_us(at), self._done_ttl_us, f"{_MINUTE}:{int(bucket.timestamp())}")
-        return await self._run(name, [self.base, *keys], [*header, *args], repeatable=repeatable)
+        return await self._run(name, [self.base, *keys], [*header, *args])
 
     async def close(self) -> None:
         await self._run.close()

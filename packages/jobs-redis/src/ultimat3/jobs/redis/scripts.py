@@ -9,12 +9,11 @@ FLUSH``) answers NOSCRIPT; the call then loads every script again and retries on
 refused with NOSCRIPT never ran).
 
 A call whose connection broke after its command was written is repeated only when the script is
-in ``REPEATABLE``, or its caller says this call is (a settle of acks only): a second run there
-answers what the first would have. Any other call may have run, so its caller gets the
-``ConnectionError`` — repeated blindly it would lie: an enqueue would answer ``deduped`` for its
-own insert, a nack False for one that landed, and a claim would leave the first run's rows
-running with no worker (a final attempt then buried, never run). The driver's claim and nack
-catch it and look for what the first run did (``driver.py``).
+in ``REPEATABLE``: a second run there answers what the first would have. Any other call may have
+run, so its caller gets the ``ConnectionError`` — repeated blindly it would lie: an enqueue would
+answer ``deduped`` for its own insert, a nack False for one that landed, and a claim would leave
+the first run's rows running with no worker (a final attempt then buried, never run). The
+driver's claim and settle catch it and look for what the first run did (``driver.py``).
 """
 
 from __future__ import annotations
@@ -218,13 +217,9 @@ class ScriptRunner:
         name: str,
         keys: Sequence[str],
         args: Sequence[Any],
-        *,
-        repeatable: bool | None = None,
     ) -> Any:
-        """Run script ``name``; ``repeatable`` overrides its membership of ``REPEATABLE`` for
-        a call whose arguments make a second run harmless (a settle holding acks only)."""
         loaded = _SCRIPTS[name]
-        again = name in REPEATABLE if repeatable is None else repeatable
+        again = name in REPEATABLE
         if not self._loaded:
             await self.load()
         sent_after = self._loads
