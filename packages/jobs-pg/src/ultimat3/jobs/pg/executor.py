@@ -55,7 +55,6 @@ __all__ = [
     "connection_refused",
     "on_the_wire",
     "pg_executor",
-    "schema_missing",
 ]
 
 
@@ -90,7 +89,7 @@ _SCHEMA_MISSING = (UndefinedTable, UndefinedColumn)
 an older release."""
 
 
-def schema_missing(error: psycopg.Error) -> DriverUnavailableError:
+def _schema_missing(error: psycopg.Error) -> DriverUnavailableError:
     """``error`` (a table or column this package uses is missing) as the operator's next step."""
     return DriverUnavailableError(
         "this database lacks the ultimat3-jobs schema, or has an older one "
@@ -109,12 +108,6 @@ async def connection_refused(url: str) -> str | None:
         return " ".join(str(exc).split())  # libpq's hint comes on a line of its own
     await conn.close()
     return None
-
-
-async def _why_not(url: str, failure: Exception) -> str:
-    """Why a pool could not open: psycopg-pool reports only that it timed out, and logs the
-    connection errors behind it; one direct attempt names the cause."""
-    return await connection_refused(url) or str(failure)
 
 
 class _Session(NamedTuple):
@@ -202,9 +195,12 @@ class PgExecutor:
                     await pool.open(wait=True, timeout=self._open_timeout)
                 except Exception as exc:
                     await pool.close()
+                    # psycopg-pool says only that it timed out (it logs the connection errors
+                    # behind it): one direct attempt names the cause.
+                    why = await connection_refused(self._url) or exc
                     raise DriverUnavailableError(
-                        f"could not connect to Postgres: {await _why_not(self._url, exc)}; "
-                        "check DATABASE_URL and that the server is up"
+                        f"could not connect to Postgres: {why}; check DATABASE_URL and that "
+                        "the server is up"
                     ) from exc
                 self._pool = pool
         return self._pool
@@ -329,7 +325,7 @@ class PgExecutor:
         except _ROLLED_BACK:
             pass  # a deadlock or serialization victim: nothing was applied
         except _SCHEMA_MISSING as exc:
-            raise schema_missing(exc) from exc
+            raise _schema_missing(exc) from exc
         except psycopg.OperationalError as exc:
             if used is None:  # no connection came: the pool timed out, or could not dial
                 raise DriverUnavailableError(
