@@ -52,14 +52,18 @@ def _fingerprint(profile: str) -> str:
     return digest.hexdigest()
 
 
+def _current(profile: str) -> bool:
+    """Whether ``profile`` was installed from the pyproject files as they are now."""
+    stamp = VENV / f".installed-{profile}"
+    return stamp.exists() and stamp.read_text() == _fingerprint(profile)
+
+
 def ensure(profile: str) -> None:
     """Create the venv and install ``profile`` ('core' or 'all') unless already current."""
     if not PYTHON.exists():
         print("dev.py: creating .venv", flush=True)
         venv.EnvBuilder(with_pip=True).create(VENV)
-    stamp = VENV / f".installed-{profile}"
-    wanted = _fingerprint(profile)
-    if stamp.exists() and stamp.read_text() == wanted:
+    if _current(profile) or (profile == "core" and _current("all")):  # 'all' holds core
         return
     print(f"dev.py: installing the workspace ({profile}) into .venv", flush=True)
     packages = CORE if profile == "core" else [*WORKSPACE, *_dev_group()]
@@ -67,7 +71,7 @@ def ensure(profile: str) -> None:
         [str(PYTHON), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *packages],
         check=True,
     )
-    stamp.write_text(wanted)
+    (VENV / f".installed-{profile}").write_text(_fingerprint(profile))
 
 
 def run(*command: str) -> int:
