@@ -59,11 +59,11 @@ async def test_a_claim_reads_no_table_for_leases_when_none_lapsed(
     assert "Seq Scan on x_jobs" not in generic, generic
 
 
-async def test_taking_back_a_lost_claims_rows_reads_them_through_the_lease_index(
+async def test_taking_back_a_lost_claims_rows_reads_them_through_their_indexes(
     driver: PostgresJobDriver, clock: FrozenClock
 ) -> None:
     """Run after a claim's answer was lost, beside thousands of rows running and finished: it
-    reads the rows under that claim's lease, not the table."""
+    reads the rows under that claim's lease and the rows it buried, not the table."""
     now = clock.now()
     await driver.enqueue_many(
         [
@@ -89,9 +89,10 @@ async def test_taking_back_a_lost_claims_rows_reads_them_through_the_lease_index
     rows = await driver.executor.fetch(SQL_CLAIM_HELD, params)
     assert sorted(row[1] for row in rows) == sorted(job.id for job in batch.jobs)
     scans = await scans_run(driver.executor, SQL_CLAIM_HELD, params, "x_jobs")
-    assert scans == [("Index Scan", 100)], scans
+    assert scans == [("Index Scan", 100), ("Index Scan", 0)], scans
     generic = await plan_of(driver.executor, SQL_CLAIM_HELD, params, generic=True)
     assert "x_jobs_lapse_idx" in generic, generic
+    assert "x_jobs_buried_idx" in generic, generic
 
 
 async def test_removing_a_job_without_steps_reads_no_other_row(

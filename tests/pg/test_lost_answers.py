@@ -99,6 +99,23 @@ async def test_a_claim_whose_answer_was_lost_answers_the_rows_it_took_and_no_mor
     assert await count(lossy, "select count(*) from x_jobs where state = 'done'") == 2
 
 
+async def test_a_claim_whose_answer_was_lost_answers_the_rows_it_buried(
+    lossy: PostgresJobDriver, faults: Faults, clock: FrozenClock
+) -> None:
+    """A lapsed final attempt the claim buried is in its answer, so on_exhausted is told of it;
+    before, the read-back found only the rows it took, and the burial went untold."""
+    await lossy.enqueue_many([request(clock, 0, max_attempts=1), request(clock, 1)])
+    await lossy.claim(worker_id="gone", slots={"q": 2}, visibility_timeout=30)
+    clock.advance(31)
+    faults.lose_answers()
+    batch = await lossy.claim(worker_id="w", slots={"q": 2}, visibility_timeout=30)
+    assert [job.input for job in batch.exhausted] == [{"n": 0}]
+    assert batch.exhausted[0].state is JobState.DEAD
+    assert [job.input for job in batch.jobs] == [{"n": 1}]
+    buried = "select count(*) from x_jobs where state = 'dead'"
+    assert await count(lossy, buried) == 1
+
+
 async def test_a_claim_whose_answer_was_lost_before_it_ran_took_nothing(
     lossy: PostgresJobDriver, faults: Faults, clock: FrozenClock
 ) -> None:
@@ -189,6 +206,23 @@ async def test_a_final_nack_whose_answer_was_lost_keeps_its_own_error_on_the_dea
     )
     dead = "select count(*) from x_jobs where state = 'dead' and last_error = 'boom'"
     assert await count(lossy, dead) == 1
+
+
+async def test_a_final_nack_that_had_not_landed_when_another_claim_buried_the_row_answers_false(
+    lossy: PostgresJobDriver, faults: Faults, clock: FrozenClock
+) -> None:
+    """The row is dead either way, but under the burial's LEASE_LAPSED_FINAL_ATTEMPT, not the
+    nack's error: the nack did not land, and says so."""
+    await lossy.enqueue(request(clock, max_attempts=1))
+    job = await claim_one(lossy)
+    clock.advance(31)
+    assert (await lossy.claim(worker_id="other", slots={"q": 1}, visibility_timeout=30)).exhausted
+    faults.fail_before_sending()
+    assert not await lossy.nack(
+        job.id, NackOptions("w", job.claim.claim, error="boom", dead_letter=True)
+    )
+    lapsed = "select count(*) from x_jobs where last_error = 'LEASE_LAPSED_FINAL_ATTEMPT'"
+    assert await count(lossy, lapsed) == 1
 
 
 async def test_a_nack_sent_again_after_an_operator_cancelled_the_row_answers_false(

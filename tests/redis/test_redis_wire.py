@@ -18,7 +18,14 @@ import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError, ResponseError
 
-from ultimat3.jobs.core import AckOptions, EnqueueRequest, FrozenClock, JobState, NackOptions
+from ultimat3.jobs.core import (
+    LEASE_LAPSED_FINAL_ATTEMPT,
+    AckOptions,
+    EnqueueRequest,
+    FrozenClock,
+    JobState,
+    NackOptions,
+)
 from ultimat3.jobs.redis import RedisJobDriver, redis_job_driver
 from ultimat3.jobs.redis.wire import Wire, pack
 
@@ -271,6 +278,39 @@ async def test_a_claim_whose_reply_was_lost_answers_the_rows_it_took_and_no_more
         assert await relayed.ack(job.id, AckOptions("w", job.claim.claim))
     (stats,) = await relayed.stats()
     assert (stats.running, stats.done) == (0, 2)
+
+
+async def test_a_claim_whose_reply_was_lost_answers_the_rows_it_buried(
+    relay: Relay, relayed: RedisJobDriver, new_request: RequestBuilder, clock: FrozenClock
+) -> None:
+    """A lapsed final attempt the claim buried is in its answer, so on_exhausted is told of it;
+    before, the read-back found only the rows it took, and the burial went untold."""
+    final, other = await relayed.enqueue_many([new_request(max_attempts=1), new_request()])
+    await relayed.claim(worker_id="gone", slots={"q": 2}, visibility_timeout=30)
+    clock.advance(31)
+    relay.drop_at_next_reply()
+    batch = await relayed.claim(worker_id="w", slots={"q": 2}, visibility_timeout=30)
+    assert [(job.id, job.state) for job in batch.exhausted] == [(final.id, JobState.DEAD)]
+    assert [job.id for job in batch.jobs] == [other.id]
+    (stats,) = await relayed.stats()
+    assert (stats.dead, stats.running) == (1, 1)
+
+
+async def test_a_final_nack_that_had_not_landed_when_another_claim_buried_the_row_answers_false(
+    relay: Relay, relayed: RedisJobDriver, new_request: RequestBuilder, clock: FrozenClock
+) -> None:
+    """The row is dead either way, but under the burial's LEASE_LAPSED_FINAL_ATTEMPT, not the
+    nack's error: the nack did not land, and says so."""
+    queued = await relayed.enqueue(new_request(max_attempts=1))
+    (job,) = (await relayed.claim(worker_id="w", slots={"q": 1}, visibility_timeout=30)).jobs
+    clock.advance(31)
+    assert (await relayed.claim(worker_id="other", slots={"q": 1}, visibility_timeout=30)).exhausted
+    relay.drop_at_next_reply()
+    options = NackOptions("w", job.claim.claim, error="x", dead_letter=True)
+    assert not await relayed.nack(job.id, options)
+    detail = await relayed.introspect.get(queued.id)
+    assert detail is not None
+    assert detail.row.last_error == LEASE_LAPSED_FINAL_ATTEMPT
 
 
 async def test_a_read_whose_reply_was_lost_is_asked_again(

@@ -23,14 +23,18 @@ def log_event(level: int, event: str, **fields: Any) -> None:
     )
 
 
-def log_claim_answer_lost(worker_id: str, taken_back: int, error: BaseException) -> None:
+def log_claim_answer_lost(
+    worker_id: str, taken_back: int, buried: int, error: BaseException
+) -> None:
     """A claim's answer was lost with its connection, and its driver read back the rows it had
-    taken (``taken_back``) instead of leaving them to lapse. Logged alike by every driver."""
+    taken (``taken_back``) instead of leaving them to lapse, and the rows it had buried
+    (``buried``), so ``on_exhausted`` is told of them. Logged alike by every driver."""
     log_event(
         logging.WARNING,
         "jobs.claim.answer-lost",
         worker=worker_id,
         taken_back=taken_back,
+        buried=buried,
         error=str(error),
     )
 

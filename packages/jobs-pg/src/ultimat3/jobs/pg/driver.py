@@ -237,9 +237,10 @@ class PostgresJobDriver:
         claim: str,
         lease_until: datetime,
     ) -> list[tuple[Any, ...]]:
-        """The rows a claim whose answer was lost had taken. Left alone, they would sit running
-        under a claim nobody holds until their lease lapsed: an attempt spent on nothing, and a
-        final attempt buried dead without having run."""
+        """The rows a claim whose answer was lost had taken and buried. Left alone, the rows it
+        took would sit running under a claim nobody holds until their lease lapsed (an attempt
+        spent on nothing, a final attempt buried dead without having run), and on_exhausted
+        would never hear of the rows it buried."""
         rows = await self._executor.fetch(
             SQL_CLAIM_HELD,
             {
@@ -250,7 +251,8 @@ class PostgresJobDriver:
             },
             idempotent=True,
         )
-        log_claim_answer_lost(worker_id, len(rows), lost)
+        buried = sum(row[0] != "running" for row in rows)
+        log_claim_answer_lost(worker_id, len(rows) - buried, buried, lost)
         return rows
 
     # -- settles: batched per process, fenced per row ---------------------------------------
@@ -314,10 +316,10 @@ class PostgresJobDriver:
         a row the first one did not move (each is fenced on its claim, which a landed nack
         cleared), and is counted only there. A row the second one does not land on answers by
         what it holds now: in the state its nack sent it to, and held by no claim, the first
-        one landed (on a final attempt, a burial by another worker's claim in the meantime
-        reads the same: dead either way). Raising instead would leave a final attempt whose
-        nack had not landed to lapse, buried under LEASE_LAPSED_FINAL_ATTEMPT in place of the
-        error that ended it."""
+        one landed (a row another claim buried in the meantime holds that claim's token, and
+        reads as not landed). Raising instead would leave a final attempt whose nack had not
+        landed to lapse, buried under LEASE_LAPSED_FINAL_ATTEMPT in place of the error that
+        ended it."""
         again = {row[0] for row in await self._executor.fetch(SQL_NACK, params)}
         settled = dict(
             await self._executor.fetch(

@@ -13,6 +13,12 @@ select 'running' as state, t.id, t.run_id, t.name, t.queue, t.input::text, t.ide
         where s.run_id = t.run_id) as steps"""
 """A row ``t`` running under a claim, as a claim answers it: its columns and its run's steps."""
 
+_BURIED_ROW = """\
+select b.state, b.id, b.run_id, b.name, b.queue, b.input::text, null, b.tenant_id, b.attempt,
+       b.max_attempts, b.run_at, null, null, null, null, null"""
+"""A row ``b`` a claim buried, as that claim answers it: in the claimed rows' columns, with
+nulls where a buried row has nothing to say."""
+
 SQL_CLAIM = f"""
 -- Parameters: slots, a JSON array of {{"queue": …, "free": …}} (free slots per queue), the
 -- claimant's now and lease_until (now + visibility timeout), worker_id, claim (this call's
@@ -29,8 +35,10 @@ SQL_CLAIM = f"""
 --   worker died or stalled). A paused queue (a row in x_queue_pauses) yields nothing;
 -- * a lapsed row already on its final attempt is never handed out: it is settled dead (failed
 --   when its name is in drop[]) with last_error LEASE_LAPSED_FINAL_ATTEMPT, counted, and
---   returned once (its state names it). Buried rows take no slot: a row is taken or buried
---   when fewer than the queue's limit of taken rows precede it;
+--   returned once (its state names it). It keeps this call's claim token (no worker, no
+--   lease), the one trace SQL_CLAIM_HELD finds it by when the answer is lost. Buried rows
+--   take no slot: a row is taken or buried when fewer than the queue's limit of taken rows
+--   precede it;
 -- * each taken row is running under (worker_id, this call's claim token) until
 --   lease_until, its attempt raised
 --   by one, and comes back with the steps its run already stored (no statement per job),
@@ -151,7 +159,7 @@ buried as (
         updated_at = %(now)s,
         finished_at = %(now)s,
         worker_id = null,
-        claim = null,
+        claim = %(claim)s,
         lease_until = null
     where j.ctid = any(array(select tid from picked where exhausted))
     returning j.id, j.run_id, j.name, j.queue, j.input, j.tenant_id, j.attempt, j.max_attempts,
@@ -172,18 +180,18 @@ counted as (
 {_CLAIMED_ROW}
 from taken t
 union all
-select b.state, b.id, b.run_id, b.name, b.queue, b.input::text, null, b.tenant_id, b.attempt,
-       b.max_attempts, b.run_at, null, null, null, null, null
+{_BURIED_ROW}
 from buried b
 """
 
 SQL_CLAIM_HELD = f"""
 -- Parameters: queues[] (the queues the lost claim asked), worker_id, claim and lease_until (as
 -- that claim was sent).
--- The rows a claim whose answer was lost had taken, as the claim answers them: a claim that
--- committed left each of its rows running under its own (worker_id, claim) until exactly its
--- lease_until, which the lapse index finds per queue. A claim that never ran took nothing. What
--- it buried is not here: a buried row keeps no claim (its burial was counted all the same).
+-- The rows a claim whose answer was lost had taken and buried, as the claim answers them. A
+-- claim that committed left each row it took running under its own (worker_id, claim) until
+-- exactly its lease_until, which the lapse index finds per queue, and each row it buried dead
+-- or failed under its claim token, which x_jobs_buried_idx finds (an operator who requeued
+-- such a row since took it out of both answers). A claim that never ran took nothing.
 {_CLAIMED_ROW}
 from x_jobs t
 where t.queue = any(%(queues)s::text[])
@@ -191,4 +199,9 @@ where t.queue = any(%(queues)s::text[])
   and t.lease_until = %(lease_until)s
   and t.worker_id = %(worker_id)s
   and t.claim = %(claim)s
+union all
+{_BURIED_ROW}
+from x_jobs b
+where b.state in ('dead', 'failed')
+  and b.claim = %(claim)s
 """

@@ -73,6 +73,14 @@ create index if not exists x_jobs_lapse_idx
     on x_jobs (queue, lease_until)
     where state = 'running' and lease_until is not null;
 
+-- Rows a claim buried (a lapsed final attempt), by the token of that claim: the only finished
+-- rows that keep a claim (a nack, a cancel and a requeue clear it; a done row is not in here).
+-- A claim whose answer was lost reads its burials back through it, so on_exhausted is still
+-- told of them. It holds the dead letters of lapses alone, so it stays small.
+create index if not exists x_jobs_buried_idx
+    on x_jobs (claim)
+    where state in ('dead', 'failed') and claim is not null;
+
 -- No index serves the operator's list() (newest first by created_at, id): every row version
 -- would pay for it, on the enqueue, the claim and the settle — about a third more index writes
 -- per job. list() reads the table instead; a deployment that keeps millions of finished rows

@@ -152,8 +152,9 @@ select id from nacked
 
 SQL_UNCLAIMED_STATES = """
 -- Parameters: ids[].
--- The state of each of these rows that no claim holds (a nack, a burial, an operator's action
--- leave none): how a nack batch whose answer was lost learns which of its nacks had landed.
+-- The state of each of these rows that no claim holds (a nack and an operator's action leave
+-- none; a burial leaves the burying claim's token): how a nack batch whose answer was lost
+-- learns which of its nacks had landed.
 select id, state
 from x_jobs
 where id = any(%(ids)s::text[])

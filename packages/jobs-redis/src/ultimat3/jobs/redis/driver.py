@@ -202,12 +202,13 @@ class RedisJobDriver:
             claimed, exhausted = await self._ns.call("claim", *args, now=now)
         except ConnectionError as lost:
             # Its rows, if it ran, are running under a claim nobody holds until their lease
-            # lapses: an attempt spent on nothing, a final one buried dead without having run.
+            # lapses (an attempt spent on nothing, a final one buried dead without having run),
+            # and on_exhausted never hears of the rows it buried.
             queues = list(slots)
             claimed, exhausted = await self._ns.call(
                 "claimed", worker_id, base, lease_until, str(len(queues)), *queues
             )
-            log_claim_answer_lost(worker_id, len(claimed), lost)
+            log_claim_answer_lost(worker_id, len(claimed), len(exhausted), lost)
         return ClaimBatch(
             jobs=[read_claimed(values, steps) for values, steps in claimed],
             exhausted=[read_exhausted(values) for values in exhausted],

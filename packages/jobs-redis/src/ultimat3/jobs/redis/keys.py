@@ -19,6 +19,7 @@ key (after the base)              type     holds
 ``q:<queue>:lease``               zset     running rows, by lease_until
 ``q:<queue>:expiry``              zset     done rows, by finished_at (swept under a done TTL)
 ``q:<queue>:woken``               string   a wake for the queue no claim has read yet (1 s)
+``buried:<claim token>``          list     the rows one claim buried (expires with its lease)
 ``paused``, ``pausedtasks``       set      paused queues, paused tasks
 ``ctr:<job>``, ``ctrnames``       hash     one job's counter buckets; names having any
 ``ctridx:<job>``                  zset     its buckets "<width>:<start>", by width*10^10+start

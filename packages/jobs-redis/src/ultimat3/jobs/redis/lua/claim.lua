@@ -63,8 +63,6 @@ end
 -- id, run_id, name, queue, input, key, tenant, attempt, max, run_at, created, lease, worker,
 -- claim, by, trace. The fields `load` does not read anyway come in its same call.
 local CLAIM_MORE = {'input', 'key', 'tenant', 'by', 'trace'}
-local EXHAUSTED_FIELDS = {'id', 'run_id', 'name', 'queue', 'input', 'tenant', 'attempt', 'max',
-  'state'}
 local claimed, exhausted = {}, {}
 local seq = 0
 
@@ -80,12 +78,21 @@ local function take(row)
     redis.call('HGETALL', k_steps(row.run_id))}
 end
 
+-- A buried row is marked with this worker and the claim's token base, and listed under that
+-- base: how claimed.lua finds it when this reply is lost, and how a nack of the row's previous
+-- holder, read back after its own reply was lost, sees that it did not land.
+local buried_key, buried_ttl = k_buried(base), nil
 local function bury(row)
   local kind = 'dead'
   if dropped[row.name] then kind = 'failed' end
-  move(row, kind, {'error', lapsed_error})
+  move(row, kind, {'error', lapsed_error, 'worker', worker, 'claim', base})
   count(row.name, kind, nil)
   exhausted[#exhausted + 1] = redis.call('HMGET', k_job(row.id), unpack(EXHAUSTED_FIELDS))
+  redis.call('RPUSH', buried_key, row.id)
+  if not buried_ttl then
+    buried_ttl = math.max(1000, math.floor((tonumber(lease_until) - NOW_N) / 1000))
+    redis.call('PEXPIRE', buried_key, buried_ttl)
+  end
 end
 
 -- A row taken here leaves the lapsed range only when its new lease ends after now; a window is

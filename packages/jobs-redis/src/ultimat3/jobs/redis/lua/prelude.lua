@@ -43,6 +43,13 @@ local function k_due(q) return B .. 'q:' .. q .. ':due' end
 local function k_lease(q) return B .. 'q:' .. q .. ':lease' end
 local function k_expiry(q) return B .. 'q:' .. q .. ':expiry' end
 local function k_woken(q) return B .. 'q:' .. q .. ':woken' end
+-- The ids a claim buried (list, in burial order), under that claim's token base. It outlives
+-- the claim by the claim's lease at most: long enough for a claim whose reply was lost to read
+-- its burials back (claimed.lua), and nothing indexes it, so its server-side expiry is safe.
+local function k_buried(base) return B .. 'buried:' .. base end
+-- A buried row as claim.lua and claimed.lua answer it (the order codec.read_exhausted reads).
+local EXHAUSTED_FIELDS = {'id', 'run_id', 'name', 'queue', 'input', 'tenant', 'attempt', 'max',
+  'state'}
 
 -- Byte order, as Python compares str and a sorted set orders members (Lua's < uses strcoll).
 local function bytes_lt(a, b)
