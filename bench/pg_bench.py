@@ -3,10 +3,12 @@
     .venv/bin/python bench/pg_bench.py          # or: python3 dev.py bench pg
 
 Prints one table: the raw limits from Python (single-row commits, a batched INSERT, a bare
-``SKIP LOCKED`` claim-100 + update-to-done cycle), then this driver's single and batched enqueue,
-the end-to-end drain of N no-op jobs by ONE worker process (``bench/pg_worker.py``), pickup latency
-from another process with the wake, idle claims per minute, and per job the statements (counted
-by the client), write transactions (xids) and WAL bytes (``pg_current_wal_lsn``).
+``SKIP LOCKED`` claim-100 + update-to-done cycle), then this driver's single and batched enqueue
+(each in blocks alternating with the raw insert and with a bare INSERT of the same rows into
+x_jobs, the table's own floor), the end-to-end drain of N no-op jobs by ONE worker process
+(``bench/pg_worker.py``), pickup latency from another process with the wake, idle claims per
+minute, and per job the statements (counted by the client), write transactions (xids) and WAL
+bytes (``pg_current_wal_lsn``).
 
 The workload is the peer harness's (``BENCH_*`` knobs, same defaults), so its results for other
 libraries can be set beside these: point ``BENCH_PEER_RESULTS`` at the directory holding its
@@ -17,6 +19,9 @@ the benchmark creates and drops its own database ``ujobs_bench``), ``BENCH_N`` (
 ``BENCH_BATCH`` (1000), ``BENCH_N_SINGLE`` (2000), ``BENCH_REPS`` (3), ``BENCH_LAT_TRIALS`` (50),
 ``BENCH_LIMIT_SECONDS`` (4), ``BENCH_CLAIM_PREFILL`` (200000), ``BENCH_CONCURRENCY`` (100),
 ``BENCH_LAT_CONCURRENCY`` (10), ``BENCH_IDLE_SECONDS`` (60).
+
+Every measurement starts from emptied tables and a CHECKPOINT (``reset``), so no checkpoint that
+an earlier phase's WAL set off is writing under it.
 
 Figures from a shared machine are noisy: compare ratios taken in one run, never absolute numbers
 across runs.
@@ -45,6 +50,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from ultimat3.jobs.core import set_job_driver
+from ultimat3.jobs.core.ids import new_id
 from ultimat3.jobs.pg import install, postgres_job_driver
 from ultimat3.jobs.pg.executor import PgExecutor
 
@@ -295,16 +301,34 @@ class Measured:
 
 @dataclass
 class Interleaved:
-    """Our rate and the raw limit's, measured in alternating blocks so both see the same load."""
+    """Our rate, the raw limit's and a bare insert of the same rows into x_jobs (``BARE_INSERT``),
+    measured in alternating blocks so all three see the same load."""
 
     ours: list[float] = field(default_factory=list)
     raw: list[float] = field(default_factory=list)
+    bare: list[float] = field(default_factory=list)
     building_us: float = 0.0
     cost: Cost = field(default_factory=Cost)
 
     @property
     def ratio(self) -> float:
         return statistics.median(self.ours) / statistics.median(self.raw)
+
+    @property
+    def bare_ratio(self) -> float:
+        return statistics.median(self.bare) / statistics.median(self.raw)
+
+
+BARE_INSERT = """
+insert into x_jobs (id, run_id, name, queue, state, attempt, max_attempts, run_at, created_at,
+                    updated_at, idempotency_key, input)
+select id, id, %(name)s, %(queue)s, 'ready', 0, 3, now(), now(), now(), id, input::json
+from unnest(%(ids)s::text[], %(inputs)s::text[]) as r (id, input)
+on conflict do nothing
+"""
+"""The table's own cost of what an enqueue inserts: the same rows, with the same conflict check
+on the primary key and the live-key index, and none of the statement's other work (the answer
+for a dedupe, the wake). The floor under our enqueue on this server."""
 
 
 def raw_single_block(conn: psycopg.Connection[Any], count: int) -> float:
@@ -324,20 +348,42 @@ def raw_batch_block(conn: psycopg.Connection[Any], payloads: list[str]) -> float
     return time.perf_counter() - began
 
 
+def bare_block(conn: psycopg.Connection[Any], statements: int, rows: int) -> float:
+    """``statements`` commits of BARE_INSERT, ``rows`` job rows each (built before the clock
+    starts)."""
+    batches = [
+        {
+            "name": bench_noop.name,
+            "queue": bench_noop.queue,
+            "ids": [new_id() for _ in range(rows)],
+            "inputs": ['{"i":0}'] * rows,
+        }
+        for _ in range(statements)
+    ]
+    began = time.perf_counter()
+    for params in batches:
+        conn.execute(BARE_INSERT, params, prepare=True)
+    return time.perf_counter() - began
+
+
 async def enqueue_single(admin: psycopg.Connection[Any]) -> Interleaved:
     """One ``handle.enqueue()`` per job, against single-row INSERT commits from one client."""
     measured, block = Interleaved(), 100
     admin.execute("create table if not exists raw_insert (id bigserial primary key, payload jsonb)")
-    with psycopg.connect(URL, autocommit=True) as raw:
+    with (
+        psycopg.connect(URL, autocommit=True) as raw,
+        psycopg.connect(URL, autocommit=True) as bare,
+    ):
         for _ in range(REPS):
             reset(admin)
             driver = postgres_job_driver(URL)
             counter = StatementCounter(driver.executor)
             set_job_driver(driver)
             await bench_noop.enqueue({"i": -1})  # the pool is open before the clock starts
-            counter.count, ours_s, raw_s, xacts, wal = 0, 0.0, 0.0, 0, 0.0
+            counter.count, ours_s, raw_s, bare_s, xacts, wal = 0, 0.0, 0.0, 0.0, 0, 0.0
             for start in range(0, N_SINGLE, block):
                 raw_s += raw_single_block(raw, block)
+                bare_s += bare_block(bare, block, 1)
                 mark = server_mark(admin)
                 began = time.perf_counter()
                 for i in range(start, start + block):
@@ -347,11 +393,13 @@ async def enqueue_single(admin: psycopg.Connection[Any]) -> Interleaved:
                 xacts, wal = xacts + int(part.write_xacts), wal + part.wal_bytes
             measured.ours.append(N_SINGLE / ours_s)
             measured.raw.append(N_SINGLE / raw_s)
+            measured.bare.append(N_SINGLE / bare_s)
             measured.cost = Cost(counter.count / N_SINGLE, xacts / N_SINGLE, wal / N_SINGLE)
             await driver.close()
     log(
         f"single enqueue: {statistics.median(measured.ours):,.0f}/s, "
-        f"{measured.ratio:.0%} of the raw commit rate beside it ({measured.cost.cell()})"
+        f"{measured.ratio:.0%} of the raw commit rate beside it, a bare insert into x_jobs "
+        f"{measured.bare_ratio:.0%} ({measured.cost.cell()})"
     )
     return measured
 
@@ -363,15 +411,19 @@ async def enqueue_batched(admin: psycopg.Connection[Any]) -> Interleaved:
     payloads = [json.dumps({"i": k}) for k in range(BATCH)]
     admin.execute("create table if not exists raw_insert (id bigserial primary key, payload jsonb)")
     building = 0.0
-    with psycopg.connect(URL, autocommit=True) as raw:
+    with (
+        psycopg.connect(URL, autocommit=True) as raw,
+        psycopg.connect(URL, autocommit=True) as bare,
+    ):
         for _ in range(REPS):
             reset(admin)
             driver = postgres_job_driver(URL)
             counter = StatementCounter(driver.executor)
             await driver.stats()
-            counter.count, ours_s, raw_s, xacts, wal = 0, 0.0, 0.0, 0, 0.0
+            counter.count, ours_s, raw_s, bare_s, xacts, wal = 0, 0.0, 0.0, 0.0, 0, 0.0
             for start in range(0, N, BATCH):
                 raw_s += raw_batch_block(raw, payloads)
+                bare_s += bare_block(bare, 1, BATCH)
                 mark = server_mark(admin)
                 began = time.perf_counter()
                 requests = [
@@ -386,13 +438,15 @@ async def enqueue_batched(admin: psycopg.Connection[Any]) -> Interleaved:
                 xacts, wal = xacts + int(part.write_xacts), wal + part.wal_bytes
             measured.ours.append(N / ours_s)
             measured.raw.append(N / raw_s)
+            measured.bare.append(N / bare_s)
             measured.cost = Cost(counter.count / N, xacts / N, wal / N)
             await driver.close()
     measured.building_us = building / (N * REPS) * 1e6
     log(
         f"batched enqueue: {statistics.median(measured.ours):,.0f}/s "
         f"({measured.building_us:.1f} us/job building requests), "
-        f"{measured.ratio:.0%} of the raw unnest INSERT beside it ({measured.cost.cell()})"
+        f"{measured.ratio:.0%} of the raw unnest INSERT beside it, a bare insert into x_jobs "
+        f"{statistics.median(measured.bare):,.0f}/s ({measured.cost.cell()})"
     )
     return measured
 
@@ -410,8 +464,23 @@ async def fill(count: int) -> None:
 
 
 def reset(admin: psycopg.Connection[Any]) -> None:
-    """Empty the tables a run fills, as the peer harness does between repetitions."""
+    """Empty the tables a run fills, as the peer harness does between repetitions, and write the
+    dirty buffers out before the next measurement starts (``checkpoint``)."""
     admin.execute("truncate x_jobs, x_job_steps, x_job_counters, x_job_wake, x_workers")
+    checkpoint(admin)
+
+
+def checkpoint(admin: psycopg.Connection[Any]) -> None:
+    """A checkpoint now, so none is running under a measurement. The raw claim cycle alone writes
+    about 500 MB of WAL; the checkpoint that sets off spreads its writes over the next minutes,
+    and a drain measured inside it ran at two thirds of its rate. Taken before the tables are
+    filled, never between filling and measuring: the first change to a page after a checkpoint
+    logs the whole page, which put a quarter more WAL on every drained job. Skipped, with a
+    note, for a role that may not run CHECKPOINT."""
+    try:
+        admin.execute("checkpoint")
+    except psycopg.errors.InsufficientPrivilege:
+        log("no checkpoint before the measurement (the role may not run CHECKPOINT)")
 
 
 def pending(admin: psycopg.Connection[Any]) -> int:
@@ -542,19 +611,22 @@ def main() -> None:
                 "enqueue, one handle.enqueue() per job",
                 f"{ours:,.0f}/s",
                 f"{single.ratio:.0%} of {statistics.median(single.raw):,.0f} raw commits/s "
-                f"measured beside it; {single.cost.cell()}",
+                f"measured beside it (a bare INSERT of the row into x_jobs: "
+                f"{single.bare_ratio:.0%}); {single.cost.cell()}",
                 versus(ours, "enqueue_single", "rate", "median"),
             )
         )
     if batched is not None:
-        ours = statistics.median(batched.ours)
+        ours, bare = statistics.median(batched.ours), statistics.median(batched.bare)
         rows.append(
             (
                 f"enqueue_many, {BATCH} per call",
                 f"{ours:,.0f}/s",
                 f"{batched.building_us:.1f} us/job of it building the rows (JobHandle.request); "
                 f"{batched.ratio:.0%} of {statistics.median(batched.raw):,.0f} raw rows/s "
-                f"beside it; {batched.cost.cell()}",
+                f"beside it (a bare INSERT of the rows into x_jobs: {bare:,.0f} rows/s, "
+                f"{versus(bare, 'enqueue_batch', 'rate', 'median')} PgQueuer); "
+                f"{batched.cost.cell()}",
                 versus(ours, "enqueue_batch", "rate", "median"),
             )
         )

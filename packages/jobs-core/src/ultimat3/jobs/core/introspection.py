@@ -19,11 +19,11 @@ from .errors import (
     CancelUnsupportedError,
     IntrospectionUnsupportedError,
     JobNotCancellableError,
-    JobNotFoundError,
 )
 from .job import JobDescriptor
 from .model import JobFilter, JobPage, JobRow, JobState, JsonValue, QueueStats, StepRecord
 from .protocol import JobDriver, JobIntrospection
+from .refusals import job_not_found
 from .registry import registered_jobs, registered_tasks
 from .task import TaskDescriptor
 
@@ -101,9 +101,7 @@ async def inspect_queues(driver: JobDriver) -> list[QueueInspection]:
 async def inspect_job(driver: JobDriver, job_id: str) -> JobInspection:
     detail = await introspection_of(driver).get(job_id)
     if detail is None:
-        raise JobNotFoundError(
-            f"no job {job_id!r}; list them with `ujobs jobs list --json`", meta={"id": job_id}
-        )
+        raise job_not_found(job_id)
     row = dataclasses.replace(detail.row, input=redact(detail.row.input))
     steps = [dataclasses.replace(s, output=redact(s.output)) for s in detail.steps]
     return JobInspection(row=row, steps=steps)
