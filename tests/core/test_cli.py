@@ -142,6 +142,9 @@ def test_an_unknown_id_answers_its_code(
 ) -> None:
     code, answer = run(capsys, "jobs", "show", "nope", "--json")
     assert (code, answer["code"]) == (1, "X_JOB_NOT_FOUND")
+    for command in ("retry", "promote", "remove"):
+        code, other = run(capsys, "jobs", command, "nope", "--json")
+        assert (code, other["message"]) == (1, answer["message"]), command
 
 
 def test_cancel_then_retry_and_queue_pause(
