@@ -25,6 +25,7 @@ from ultimat3.jobs.core import (
     on_shutdown,
     shutdown,
 )
+from ultimat3.jobs.core import worker as worker_module
 from ultimat3.jobs.core.constants import DRAIN_DEADLINE_S
 from ultimat3.jobs.core.memory import MemoryJobDriver
 
@@ -246,8 +247,10 @@ async def test_every_role_stops_taking_work_before_any_waits_out_its_own(
 
 
 async def test_run_drains_on_sigterm_and_returns(
-    driver: MemoryJobDriver, clock: FrozenClock
+    driver: MemoryJobDriver, clock: FrozenClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    froze: list[bool] = []
+    monkeypatch.setattr(worker_module, "freeze_startup_heap", lambda: froze.append(True))
     body = Held()
     handle = item_job(body.run)
     worker = job_worker(driver=driver, context=lambda: None, jobs=[handle], clock=clock)
@@ -259,6 +262,7 @@ async def test_run_drains_on_sigterm_and_returns(
     assert isinstance(body.reasons[1], JobDrainedError)
     assert body.reasons[1].meta["signal"] == "SIGTERM"
     assert (await row(driver, queued.id)).state is JobState.READY
+    assert froze == [True]  # a process that runs a worker freezes what it built before
 
 
 async def test_the_worker_leaves_the_driver_it_was_handed_open(
