@@ -472,11 +472,11 @@ def reset(admin: psycopg.Connection[Any]) -> None:
 
 def checkpoint(admin: psycopg.Connection[Any]) -> None:
     """A checkpoint now, so none is running under a measurement. The raw claim cycle alone writes
-    about 500 MB of WAL; the checkpoint that sets off spreads its writes over the next minutes,
-    and a drain measured inside it ran at two thirds of its rate. Taken before the tables are
-    filled, never between filling and measuring: the first change to a page after a checkpoint
-    logs the whole page, which put a quarter more WAL on every drained job. Skipped, with a
-    note, for a role that may not run CHECKPOINT."""
+    about 500 MB of WAL; the checkpoint this sets off spreads its writes over the next minutes,
+    and a drain measured inside it ran at little more than half its rate. Taken before the
+    tables are filled, never between filling and measuring: the first change to a page after a
+    checkpoint logs the whole page, which put a quarter more WAL on every drained job. Skipped,
+    with a note, for a role that may not run CHECKPOINT."""
     try:
         admin.execute("checkpoint")
     except psycopg.errors.InsufficientPrivilege:
