@@ -466,7 +466,7 @@ async def fill(count: int) -> None:
 def reset(admin: psycopg.Connection[Any]) -> None:
     """Empty the tables a run fills, as the peer harness does between repetitions, and write the
     dirty buffers out before the next measurement starts (``checkpoint``)."""
-    admin.execute("truncate x_jobs, x_job_steps, x_job_counters, x_job_wake, x_workers")
+    admin.execute("truncate x_jobs, x_job_steps, x_job_counters, x_workers")
     checkpoint(admin)
 
 

@@ -53,7 +53,6 @@ TABLES = {
     "x_outbox",
     "x_backfills",
     "x_job_events",
-    "x_job_wake",
 }
 
 

@@ -119,6 +119,19 @@ async def test_the_next_slot_announces_again(
     assert [await heard.next(), await heard.next()] == ["q", "q"]
 
 
+async def test_a_row_of_an_earlier_slot_falling_due_does_not_silence_a_new_one(
+    wake: PgQueueWake, driver: PostgresJobDriver, clock: FrozenClock
+) -> None:
+    """Its announcement went out when it was enqueued, before it was due: the worker that heard
+    it found nothing to take and is not coming back for it."""
+    heard = Heard(wake)
+    await driver.enqueue(job(clock, "q", delay=0.9))
+    assert await heard.next() == "q"
+    clock.advance(0.9)  # the row is due now, and its run_at lies in this new slot
+    await driver.enqueue(job(clock, "q"))
+    assert await heard.next() == "q"
+
+
 async def test_an_enqueuer_whose_clock_runs_ahead_does_not_silence_the_others(
     wake: PgQueueWake, driver: PostgresJobDriver, clock: FrozenClock, pg_url: str
 ) -> None:

@@ -63,7 +63,8 @@ MAX_CATCH_UP = 10
 PAUSE_RECHECK_S = 5.0
 
 WAKE_SLOT_S = 0.25
-"""One notification per queue per slot of this width; later rows in the slot stay silent."""
+"""The wake's throttle: a row stays silent while an earlier row of its queue from the same slot of
+this width (counted from the epoch) still waits, since a worker woken for that one is coming."""
 OUTBOX_WAKE = ""
 """The name a ``QueueWake`` hands its subscribers for "a committed outbox row waits": the empty
 name, which no queue can have, so workers pass it over and the relay hears it."""

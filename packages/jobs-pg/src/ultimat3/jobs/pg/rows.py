@@ -75,14 +75,19 @@ def enqueue_rows(requests: Sequence[EnqueueRequest]) -> str:
     )
 
 
+def wake_slot_start(now: datetime) -> datetime:
+    """The start of the WAKE_SLOT_S slot ``now`` falls in (slots count from the epoch)."""
+    return datetime.fromtimestamp(now.timestamp() // WAKE_SLOT_S * WAKE_SLOT_S, UTC)
+
+
 def enqueue_params(requests: Sequence[EnqueueRequest], now: datetime) -> dict[str, Any]:
     """What SQL_ENQUEUE (and the scheduler's fire, which inserts by its rules) takes for
-    ``requests`` enqueued at ``now``: the ``rows`` document, ``now``, the wake slot of ``now``
-    and ``due_by``, the latest run time whose row is announced."""
+    ``requests`` enqueued at ``now``: the ``rows`` document, ``now``, the start of the wake slot
+    ``now`` falls in, and ``due_by``, the latest run time whose row is announced."""
     return {
         "rows": enqueue_rows(requests),
         "now": now,
-        "slot": int(now.timestamp() // WAKE_SLOT_S),
+        "slot_start": wake_slot_start(now),
         "due_by": now + timedelta(seconds=WAKE_DUE_WITHIN_S),
     }
 

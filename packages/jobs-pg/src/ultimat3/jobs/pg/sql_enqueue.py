@@ -72,57 +72,34 @@ inserted as (
     returning id, run_id, queue, run_at
 ),
 announce as (
-    select distinct queue from inserted where run_at <= %(due_by)s
-),
-idle as (
-    -- Queues in which no earlier row waits (this statement's snapshot does not see its own
-    -- rows). One probe per queue that stops at the first waiting row: the LIMIT keeps the
-    -- planner from turning a NOT EXISTS into an anti-join, which with statistics taken before
-    -- a backlog built up read the whole backlog on every enqueue (24 ms beside 100,000 rows).
-    -- The ORDER BY keeps it on the waiting rows' index (x_jobs_claim_idx): a bare LIMIT, with
-    -- statistics taken while many rows waited, read the table from its start instead, through
-    -- every finished row before the few waiting ones.
+    -- A queue is announced unless a row of it created in this wake slot, already due, still
+    -- waits: whoever committed that row announced the queue (or was silenced, in turn, by an
+    -- earlier row of the slot that did), so a woken worker is coming for it. That covers a
+    -- burst (its first row announces, the rest stay silent) and a worker that took everything
+    -- and may be back asleep (nothing of the slot waits: announce). This statement's snapshot
+    -- does not see its own rows. One probe per queue on the waiting rows' index
+    -- (x_jobs_claim_idx), bounded to the slot on both sides of run_at and stopping at the
+    -- first row: a NOT EXISTS could be planned as an anti-join over the whole backlog. Rows an
+    -- enqueuer with a skewed clock wrote fall outside another one's slot, so they never
+    -- silence it.
     select a.queue
-    from announce a
+    from (select distinct queue from inserted where run_at <= %(due_by)s) a
     cross join lateral (
         select count(*) as waiting
         from (
             select 1 from x_jobs j
             where j.queue = a.queue
               and j.state in ('ready', 'delayed', 'suspended')
-              and j.run_at <= %(now)s
+              and j.run_at >= %(slot_start)s and j.run_at <= %(now)s
+              and j.created_at >= %(slot_start)s
             order by j.run_at
             limit 1
         ) first_waiting
     ) probe
     where probe.waiting = 0
 ),
-woken as (
-    -- A slot other than this enqueuer's, earlier OR later: an enqueuer whose clock runs ahead
-    -- must not silence the queue for everyone else until real time catches up with it.
-    update x_job_wake w
-    set slot = %(slot)s
-    from (
-        select queue from x_job_wake
-        where queue in (select queue from announce) and slot <> %(slot)s
-        order by queue
-        for update skip locked
-    ) held
-    where w.queue = held.queue
-    returning w.queue
-),
-born as (
-    insert into x_job_wake (queue, slot)
-    select a.queue, %(slot)s
-    from announce a
-    where not exists (select 1 from x_job_wake w where w.queue = a.queue)
-    order by a.queue
-    on conflict do nothing
-    returning queue
-),
 announced as (
-    select count(pg_notify('x_jobs_wake', q.queue)) as queues
-    from (select queue from woken union select queue from born union select queue from idle) q
+    select count(pg_notify('x_jobs_wake', queue)) as queues from announce
 ),
 refused as (
     select r.ord, e.id, e.run_id
@@ -138,7 +115,7 @@ SQL_ENQUEUE = f"""
 -- Parameters: rows, a JSON array with one array per request:
 --   [id, run_id, name, queue, input (its JSON text, as a string), idempotency_key, tenant_id,
 --    max_attempts, run_at (ISO 8601), enqueued_by, traceparent];
--- the enqueuer's now, the wake slot of now (floor(now / WAKE_SLOT_S)) and
+-- the enqueuer's now, slot_start (the start of now's WAKE_SLOT_S slot) and
 -- due_by = now + WAKE_DUE_WITHIN_S.
 -- (One document rather than eleven arrays: encoding it costs the client a third as much. It is
 -- read as jsonb, parsed once — a json document would be parsed again for every field read, ten
@@ -155,12 +132,12 @@ SQL_ENQUEUE = f"""
 --   (NULL ids mean that row committed after this statement's snapshot: ask again). It is never
 --   empty — its first column counts the queues announced — so the NOTIFYs always run;
 -- * a queue is announced on x_jobs_wake only for rows due within WAKE_DUE_WITHIN_S, never for a
---   dedupe, and at most once per wake slot while rows wait in it: a burst announces once, and
---   its later rows stay silent because the woken worker is coming for the queue anyway. A row
---   that finds nothing else waiting in its queue (the worker took everything and may be back
---   asleep) is announced even inside an announced slot, so a lone job never waits for a poll.
---   The slot row is taken with SKIP LOCKED: an enqueuer never waits on another one's
---   announcement. NOTIFY is delivered on commit.
+--   dedupe, and not while a due row of it created in the same wake slot still waits: a burst
+--   announces once, and its later rows stay silent because the woken worker is coming for the
+--   queue anyway, but a row that finds nothing of its slot waiting (the worker took it and may
+--   be back asleep) is announced, so a lone job never waits for a poll. The test only reads:
+--   an enqueuer never waits on another one's announcement (two that commit at once may both
+--   announce). NOTIFY is delivered on commit.
 -- The requests of one call never share an id or a live key (the driver splits such a batch).
 with request as ({ENQUEUE_REQUEST}
 ),

@@ -21,5 +21,4 @@ delete from x_scheduler_leader;
 delete from x_outbox;
 delete from x_backfills;
 delete from x_job_events;
-delete from x_job_wake;
 """

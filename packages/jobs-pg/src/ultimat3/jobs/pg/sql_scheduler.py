@@ -44,7 +44,7 @@ where w.occurrence_ms < excluded.occurrence_ms
 SQL_SCHEDULER_FIRE = f"""
 -- Parameters: task, previous (the watermark the firing node last read; null: none yet),
 -- occurrence_ms (the new watermark), fired_ms (the occurrence that dispatched), and the requests
--- exactly as SQL_ENQUEUE takes them: rows, now, slot, due_by.
+-- exactly as SQL_ENQUEUE takes them: rows, now, slot_start, due_by.
 --
 -- Guarantees, in this one statement:
 -- * the watermark moves from previous to occurrence_ms, or nothing happens at all. The move is a

@@ -246,9 +246,8 @@ drop index if exists x_job_events_lookup_idx;
 create index if not exists x_job_events_earliest_idx on x_job_events (event, published_at, id);
 create index if not exists x_job_events_expiry_idx on x_job_events (expires_at);
 
--- The wake's throttle: per queue, the last WAKE_SLOT (250 ms) slot an enqueue announced.
-create table if not exists x_job_wake (
-    queue text collate "C" primary key,
-    slot  bigint not null
-);
+-- x_job_wake, where the wake's throttle once kept each queue's last announced slot, is no longer
+-- read or written (the enqueue now asks x_jobs itself). It is not dropped here, so processes still
+-- running the statement that wrote it keep working through a rolling deploy; once none does,
+-- `drop table if exists x_job_wake` is safe.
 """

@@ -4,8 +4,9 @@ One session per process holds ``LISTEN x_jobs_wake`` and hands each notification
 queue name) to the subscribers — the worker rings its claim loop with it. The same session
 listens on ``x_outbox_wake`` and hands its notifications on as core's ``OUTBOX_WAKE`` (the empty
 name, which no queue has): the outbox relay's cue that a commit staged a row. The enqueue statement
-throttles its NOTIFY (once per queue per WAKE_SLOT_S, only rows due within WAKE_DUE_WITHIN_S,
-never for a dedupe), so the wake costs the enqueuers almost nothing.
+throttles its NOTIFY (not while a row of the queue from the same WAKE_SLOT_S slot still waits,
+only rows due within WAKE_DUE_WITHIN_S, never for a dedupe), so the wake costs the enqueuers
+almost nothing.
 
 The wake is PROVEN before anyone relies on it: after each LISTEN, a probe is sent through the
 pool, and only its arrival on the session makes ``live`` true (``jobs.wake.live``) — which lets the
