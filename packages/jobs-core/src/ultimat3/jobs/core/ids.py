@@ -33,6 +33,12 @@ def new_id() -> str:
             _counter = 0
         counter = _counter
     rand = random.getrandbits(62)  # the module reseeds itself in a forked child
-    value = (ms & ((1 << 48) - 1)) << 80 | 0x7 << 76 | counter << 64 | 0b10 << 62 | rand
-    h = f"{value:032x}"
-    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+    # 48 bits of ms, version 7, 12 bits of counter, variant 0b10, 62 random bits, in the five
+    # groups of the text form.
+    return "%08x-%04x-%04x-%04x-%012x" % (  # noqa: UP031 - one format call, no slicing
+        ms >> 16 & 0xFFFFFFFF,
+        ms & 0xFFFF,
+        0x7000 | counter,
+        0x8000 | rand >> 48,
+        rand & 0xFFFFFFFFFFFF,
+    )

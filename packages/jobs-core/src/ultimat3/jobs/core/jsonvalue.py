@@ -4,30 +4,58 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Mapping
 from datetime import date, datetime
 from enum import Enum
-from typing import Any
+from typing import Any, TypeGuard
 from uuid import UUID
 
 from .model import JsonValue
 
-__all__ = ["json_contains", "json_roundtrip", "to_json"]
+__all__ = ["json_contains", "json_roundtrip", "json_text", "to_json"]
 
 
 def json_roundtrip(value: Any) -> JsonValue:
     """``value`` as it reads back from storage; raises ``TypeError``/``ValueError`` if it cannot
     be stored. Pydantic models and dataclasses are dumped to their JSON form first."""
+    if _is_flat(value):
+        return dict(value)
     return json.loads(_ENCODER.encode(to_json(value)))
 
 
+def json_text(value: JsonValue) -> str:
+    """``value`` (already a JSON value) as compact JSON text, the form drivers store and send."""
+    return _TEXT.encode(value)
+
+
 def to_json(value: Any) -> JsonValue:
+    if _is_flat(value):
+        return dict(value)
     dump = getattr(value, "model_dump", None)
     if callable(dump) and not isinstance(value, type):
         return dump(mode="json")
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         value = dataclasses.asdict(value)
     return json.loads(_ENCODER.encode(value))
+
+
+_SCALARS = frozenset({str, int, bool, type(None)})
+
+
+def _is_flat(value: Any) -> TypeGuard[dict[str, JsonValue]]:
+    """A plain dict of str keys and scalar values, which the JSON round trip would hand back as
+    an equal copy: most inputs and outputs are, and copying them costs a tenth of encoding and
+    decoding. (Subclasses such as enums are not exact types here: they take the round trip.)"""
+    if type(value) is not dict:
+        return False
+    for key, item in value.items():
+        if type(key) is not str:
+            return False
+        kind = type(item)
+        if kind not in _SCALARS and not (kind is float and math.isfinite(item)):
+            return False
+    return True
 
 
 def _default(value: Any) -> JsonValue:
@@ -59,6 +87,9 @@ def json_contains(value: JsonValue, pattern: JsonValue) -> bool:
     return bool(value == pattern)
 
 
-_ENCODER = json.JSONEncoder(default=_default, allow_nan=False)
+_ENCODER = json.JSONEncoder(default=_default, allow_nan=False, separators=(",", ":"))
 """Built once: ``json.dumps`` given any option builds a new encoder per call (a third of the
 round trip every enqueue and step output pays)."""
+_TEXT = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
+"""``json_text``'s encoder, built once for the same reason; it converts nothing, so a value that
+is not JSON is refused rather than stored in another form."""

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from ultimat3.jobs.core.clock import Clock
+from ultimat3.jobs.core.jsonvalue import json_text
 from ultimat3.jobs.core.model import BackfillRow, JsonValue
 
 from .executor import PgExecutor
-from .rows import backfill_row, dump_json
+from .rows import backfill_row
 from .sql_backfills import (
     SQL_BACKFILL_BEGIN,
     SQL_BACKFILL_CHECKPOINT,
@@ -48,14 +49,14 @@ class PostgresBackfillLedger:
     async def checkpoint(self, run_id: str, *, rows: int, cursor: JsonValue) -> None:
         await self._executor.fetch(
             SQL_BACKFILL_CHECKPOINT,
-            {"run_id": run_id, "rows": rows, "cursor": dump_json(cursor)},
+            {"run_id": run_id, "rows": rows, "cursor": json_text(cursor)},
             idempotent=True,
         )
 
     async def complete(self, run_id: str, *, rows: int, cursor: JsonValue) -> None:
         await self._executor.fetch(
             SQL_BACKFILL_COMPLETE,
-            {"run_id": run_id, "rows": rows, "cursor": dump_json(cursor), "now": self._clock.now()},
+            {"run_id": run_id, "rows": rows, "cursor": json_text(cursor), "now": self._clock.now()},
             idempotent=True,
         )
 

@@ -25,6 +25,7 @@ from ultimat3.jobs.core.constants import COUNTER_TIERS
 from ultimat3.jobs.core.counters import bucket_start
 from ultimat3.jobs.core.errors import InvariantError
 from ultimat3.jobs.core.ids import new_id
+from ultimat3.jobs.core.jsonvalue import json_text
 from ultimat3.jobs.core.logs import log_claim_answer_lost, log_nack_answer_lost
 from ultimat3.jobs.core.model import (
     AckOptions,
@@ -53,7 +54,7 @@ from .executor import (
 )
 from .introspect import PostgresIntrospection
 from .leases import PostgresLeaseStore
-from .rows import claimed_job, dump_json, enqueue_answers, enqueue_params, exhausted_job, utc
+from .rows import claimed_job, enqueue_answers, enqueue_params, exhausted_job, utc
 from .sql_claim import SQL_CLAIM, SQL_CLAIM_HELD
 from .sql_enqueue import SQL_ENQUEUE
 from .sql_read import SQL_STATS
@@ -204,7 +205,7 @@ class PostgresJobDriver:
             rows = await self._executor.fetch(
                 SQL_CLAIM,
                 {
-                    "slots": dump_json([{"queue": q, "free": n} for q, n in wanted.items()]),
+                    "slots": json_text([{"queue": q, "free": n} for q, n in wanted.items()]),
                     "now": now,
                     "lease_until": lease_until,
                     "worker_id": worker_id,
@@ -267,7 +268,7 @@ class PostgresJobDriver:
         rows = await self._executor.fetch(
             SQL_ACK,
             {
-                "rows": dump_json(items),
+                "rows": json_text(items),
                 "count": len(items),
                 "now": now,
                 "bucket": bucket_start(now, _MINUTE),
@@ -297,7 +298,7 @@ class PostgresJobDriver:
             for job_id, options in items
         ]
         params = {
-            "rows": dump_json(batch),
+            "rows": json_text(batch),
             "count": len(batch),
             "now": now,
             "bucket": bucket_start(now, _MINUTE),
@@ -340,7 +341,7 @@ class PostgresJobDriver:
     async def _flush_heartbeats(self, items: Sequence[_Heartbeat]) -> list[bool]:
         rows = await self._executor.fetch(
             SQL_HEARTBEAT,
-            {"rows": dump_json(items), "count": len(items)},
+            {"rows": json_text(items), "count": len(items)},
             idempotent=True,
             relaxed_commit=True,
         )
@@ -357,7 +358,7 @@ class PostgresJobDriver:
                 "run_id": run_id,
                 "name": step.name,
                 "seq": step.seq,
-                "output": dump_json(step.output),
+                "output": json_text(step.output),
                 "completed": step.completed,
                 "kind": step.kind,
                 "now": self._clock.now(),

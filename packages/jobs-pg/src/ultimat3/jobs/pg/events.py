@@ -16,11 +16,11 @@ from typing import Any
 
 from ultimat3.jobs.core.constants import DEFAULT_EVENT_TTL_S
 from ultimat3.jobs.core.ids import new_id
-from ultimat3.jobs.core.jsonvalue import json_roundtrip
+from ultimat3.jobs.core.jsonvalue import json_roundtrip, json_text
 from ultimat3.jobs.core.model import EventRecord, JsonValue
 
 from .executor import PgTarget, pg_executor
-from .rows import dump_json, utc
+from .rows import utc
 from .sql_events import SQL_EVENT_LOOKUP, SQL_EVENT_NOW, SQL_EVENT_PUBLISH, SQL_EVENT_PURGE_EXPIRED
 
 __all__ = ["PostgresEventBus", "postgres_event_bus"]
@@ -45,7 +45,7 @@ class PostgresEventBus:
             {
                 "id": new_id(),
                 "event": event,
-                "payload": dump_json(json_roundtrip(payload)),
+                "payload": json_text(json_roundtrip(payload)),
                 "ttl_s": DEFAULT_EVENT_TTL_S if ttl is None else float(ttl),
             },
             idempotent=True,  # a repeat under the same id answers the row the first one stored
@@ -60,7 +60,7 @@ class PostgresEventBus:
             {
                 "event": event,
                 "since": since,
-                "match": None if match is None else dump_json(json_roundtrip(match)),
+                "match": None if match is None else json_text(json_roundtrip(match)),
             },
             idempotent=True,
         )

@@ -18,6 +18,7 @@ from ultimat3.jobs.core.clock import Clock
 from ultimat3.jobs.core.constants import COUNTER_TIERS, MAX_BULK_ROWS, MAX_TASK_FIRES
 from ultimat3.jobs.core.counters import rollup
 from ultimat3.jobs.core.cursor import page_limit, parse_cursor
+from ultimat3.jobs.core.jsonvalue import json_text
 from ultimat3.jobs.core.model import (
     REQUEUEABLE_STATES,
     BulkFilter,
@@ -36,7 +37,7 @@ from ultimat3.jobs.core.model import (
 )
 
 from .executor import PgExecutor
-from .rows import dump_json, job_row, progress_json, step_record, utc
+from .rows import job_row, progress_json, step_record, utc
 from .sql_counters import (
     SQL_COUNTER_TOTALS,
     SQL_COUNTERS,
@@ -257,7 +258,7 @@ class PostgresIntrospection:
                 "host": info.host,
                 "started_at": info.started_at,
                 "queues": list(info.queues),
-                "slots": dump_json(dict(info.slots)),
+                "slots": json_text(dict(info.slots)),
                 "in_flight": list(info.in_flight),
                 "last_heartbeat": info.last_heartbeat,
                 "expires_at": self._clock.now() + timedelta(seconds=ttl),

@@ -25,10 +25,11 @@ from psycopg.pq import TransactionStatus
 from ultimat3.jobs.core.clock import SYSTEM_CLOCK, Clock
 from ultimat3.jobs.core.durations import Duration, parse_duration
 from ultimat3.jobs.core.errors import InvariantError, OutboxNoTxError
+from ultimat3.jobs.core.jsonvalue import json_text
 from ultimat3.jobs.core.model import EnqueueRequest, OutboxRecord
 
 from .executor import PgTarget, pg_executor
-from .rows import dump_json, utc, utc_or_none
+from .rows import utc, utc_or_none
 from .sql_outbox import (
     SQL_OUTBOX_CLAIM,
     SQL_OUTBOX_CLAIM_TURN,
@@ -157,7 +158,7 @@ def stage_params(request: EnqueueRequest, clock: Clock) -> dict[str, Any]:
         "run_id": request.run_id,
         "name": request.name,
         "queue": request.queue,
-        "input": dump_json(request.input),
+        "input": json_text(request.input),
         "idempotency_key": request.idempotency_key,
         "tenant_id": request.tenant_id,
         "max_attempts": request.max_attempts,

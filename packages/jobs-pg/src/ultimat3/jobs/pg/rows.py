@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from ultimat3.jobs.core.constants import WAKE_DUE_WITHIN_S, WAKE_SLOT_S
+from ultimat3.jobs.core.jsonvalue import json_text
 from ultimat3.jobs.core.model import (
     BackfillRow,
     ClaimedJob,
@@ -26,7 +27,6 @@ from ultimat3.jobs.core.model import (
 __all__ = [
     "backfill_row",
     "claimed_job",
-    "dump_json",
     "enqueue_answers",
     "enqueue_params",
     "enqueue_rows",
@@ -47,22 +47,17 @@ def utc_or_none(value: datetime | None) -> datetime | None:
     return None if value is None else utc(value)
 
 
-def dump_json(value: JsonValue) -> str:
-    """The JSON text a ``json`` column stores: read back, it is exactly ``value`` again."""
-    return json.dumps(value, separators=(",", ":"))
-
-
 def enqueue_rows(requests: Sequence[EnqueueRequest]) -> str:
     """The ``rows`` document SQL_ENQUEUE takes: one array per request, the input as its own JSON
     text (so it is stored byte for byte)."""
-    return dump_json(
+    return json_text(
         [
             (
                 r.id,
                 r.run_id,
                 r.name,
                 r.queue,
-                dump_json(r.input),
+                json_text(r.input),
                 r.idempotency_key,
                 r.tenant_id,
                 r.max_attempts,
@@ -106,7 +101,7 @@ def enqueue_answers(
 
 
 def progress_json(progress: Progress) -> str:
-    return dump_json({"done": progress.done, "total": progress.total, "note": progress.note})
+    return json_text({"done": progress.done, "total": progress.total, "note": progress.note})
 
 
 def _progress(raw: Mapping[str, Any] | None) -> Progress | None:

@@ -10,9 +10,10 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Literal, cast
 
+from ultimat3.jobs.core.jsonvalue import json_text
 from ultimat3.jobs.core.model import BackfillRow, JsonValue
 
-from .codec import fields, from_us, json_text, optional
+from .codec import fields, from_us, optional
 from .namespace import Namespace
 from .unavailable import reports_unavailable
 

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from ultimat3.jobs.core.jsonvalue import json_text
 from ultimat3.jobs.core.model import (
     ClaimedJob,
     ClaimRef,
@@ -20,7 +21,6 @@ from ultimat3.jobs.core.model import (
     ExhaustedJob,
     JobRow,
     JobState,
-    JsonValue,
     Progress,
     StepRecord,
     stored_step_kind,
@@ -32,7 +32,6 @@ __all__ = [
     "encode_step",
     "fields",
     "from_us",
-    "json_text",
     "live_key",
     "optional",
     "read_claimed",
@@ -63,15 +62,6 @@ def optional(value: str | None) -> str:
 
 def read_optional(value: str) -> str | None:
     return None if value == "" else value[1:]
-
-
-_JSON = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
-"""One encoder for every call: ``json.dumps`` with options builds a new one each time, which
-cost more than encoding an enqueue's input (two per enqueue: the input and the live key)."""
-
-
-def json_text(value: JsonValue) -> str:
-    return _JSON.encode(value)
 
 
 def live_key(name: str, tenant_id: str | None, idempotency_key: str) -> str:

@@ -17,10 +17,10 @@ from typing import cast
 
 from ultimat3.jobs.core.constants import DEFAULT_EVENT_TTL_S
 from ultimat3.jobs.core.ids import new_id
-from ultimat3.jobs.core.jsonvalue import json_contains, json_roundtrip
+from ultimat3.jobs.core.jsonvalue import json_contains, json_roundtrip, json_text
 from ultimat3.jobs.core.model import EventRecord, JsonValue
 
-from .codec import from_us, json_text, to_us
+from .codec import from_us, to_us
 from .namespace import Namespace
 from .unavailable import reports_unavailable
 

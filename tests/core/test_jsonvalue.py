@@ -1,0 +1,75 @@
+"""The JSON values drivers store: whatever shortcut a value takes, it reads back as the round trip
+through JSON text would give it."""
+
+from __future__ import annotations
+
+import json
+import math
+from enum import Enum, IntEnum
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ultimat3.jobs.core.jsonvalue import json_roundtrip, json_text, to_json
+
+scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(),
+)
+json_values = st.recursive(
+    scalars,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+def through_text(value: Any) -> Any:
+    return json.loads(json.dumps(value, allow_nan=False))
+
+
+@given(json_values)
+def test_a_json_value_reads_back_as_its_text_would(value: Any) -> None:
+    assert to_json(value) == through_text(value)
+    assert json_roundtrip(value) == through_text(value)
+    assert json.loads(json_text(to_json(value))) == through_text(value)
+
+
+@given(st.dictionaries(st.text(), scalars, max_size=6))
+def test_a_flat_dict_comes_back_as_a_copy(value: dict[str, Any]) -> None:
+    for convert in (to_json, json_roundtrip):
+        copy = convert(value)
+        assert copy == value
+        assert copy is not value
+
+
+class Color(Enum):
+    RED = "red"
+
+
+class Level(IntEnum):
+    HIGH = 3
+
+
+def test_members_of_enums_become_their_values() -> None:
+    stored = to_json({"color": Color.RED, "level": Level.HIGH})
+    assert stored == {"color": "red", "level": 3}
+    assert type(stored["level"]) is int
+
+
+def test_keys_that_are_not_strings_become_strings() -> None:
+    assert to_json({1: "a"}) == {"1": "a"}
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_a_float_json_cannot_hold_is_refused(bad: float) -> None:
+    with pytest.raises(ValueError):
+        to_json({"x": bad})
+    with pytest.raises(ValueError):
+        json_roundtrip({"x": bad})
+    with pytest.raises(ValueError):
+        json_text({"x": bad})
