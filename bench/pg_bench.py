@@ -18,7 +18,9 @@ Environment: ``BENCH_PG_URL`` (the server, default ``postgresql://postgres@127.0
 the benchmark creates and drops its own database ``ujobs_bench``), ``BENCH_N`` (20000),
 ``BENCH_BATCH`` (1000), ``BENCH_N_SINGLE`` (2000), ``BENCH_REPS`` (3), ``BENCH_LAT_TRIALS`` (50),
 ``BENCH_LIMIT_SECONDS`` (4), ``BENCH_CLAIM_PREFILL`` (200000), ``BENCH_CONCURRENCY`` (100),
-``BENCH_LAT_CONCURRENCY`` (10), ``BENCH_IDLE_SECONDS`` (60).
+``BENCH_LAT_CONCURRENCY`` (10), ``BENCH_IDLE_SECONDS`` (60), ``BENCH_ONLY`` (the phases to run, a
+comma list of limits, single, batch, drain, latency), ``BENCH_JSON`` (a file to write the
+medians to, as JSON).
 
 Every measurement starts from emptied tables and a CHECKPOINT (``reset``), so no checkpoint that
 an earlier phase's WAL set off is writing under it.
@@ -72,6 +74,7 @@ LAT_CONCURRENCY = int(os.environ.get("BENCH_LAT_CONCURRENCY", 10))
 IDLE_S = float(os.environ.get("BENCH_IDLE_SECONDS", 60))
 ONLY = set(os.environ.get("BENCH_ONLY", "limits,single,batch,drain,latency").split(","))
 PEERS = os.environ.get("BENCH_PEER_RESULTS")
+FIGURES = os.environ.get("BENCH_JSON")
 
 URL = make_conninfo("", **{**conninfo_to_dict(SERVER), "dbname": DATABASE})
 
@@ -563,6 +566,36 @@ def peer(name: str) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
+def write_figures(
+    limits: dict[str, float] | None,
+    single: Interleaved | None,
+    batched: Interleaved | None,
+    drained: Measured | None,
+    picked: tuple[list[float], float] | None,
+    path: str,
+) -> None:
+    """The medians of this run as JSON, written to ``path`` (``BENCH_JSON``): bench/versus.py
+    reads them."""
+    figures: dict[str, Any] = {"limits": limits}
+    for key, measured in (("enqueue_single", single), ("enqueue_batch", batched)):
+        if measured is not None:
+            figures[key] = {
+                "rate": statistics.median(measured.ours),
+                "raw": statistics.median(measured.raw),
+                "bare": statistics.median(measured.bare),
+            }
+    if drained is not None:
+        figures["drain"] = {str(CONCURRENCY): drained.median}
+    if picked is not None:
+        trials, idle = picked
+        figures["pickup_ms"] = {
+            "median": statistics.median(trials) * 1e3,
+            "max": max(trials) * 1e3,
+        }
+        figures["idle_claims_per_minute"] = idle
+    Path(path).write_text(json.dumps(figures, indent=2) + "\n")
+
+
 def main() -> None:
     with psycopg.connect(SERVER, autocommit=True) as conn:
         conn.execute(f"drop database if exists {DATABASE} with (force)")
@@ -582,6 +615,8 @@ def main() -> None:
         with psycopg.connect(SERVER, autocommit=True) as conn:
             conn.execute(f"drop database if exists {DATABASE} with (force)")
 
+    if FIGURES:
+        write_figures(limits, single, batched, drained, picked, FIGURES)
     pgq = peer("pgqueuer")
 
     def versus(ours: float, *key: str) -> str:

@@ -22,13 +22,16 @@ share this machine's cores: compare ratios, not absolutes. The namespace ``ujobs
 emptied before each phase.
 
 Knobs: ``BENCH_N`` (20000), ``BENCH_N_SINGLE`` (2000), ``BENCH_REPS`` (3), ``BENCH_LAT_TRIALS``
-(50), ``BENCH_CONCURRENCY`` ("10,100"), ``BENCH_LIMIT_SECONDS`` (2).
+(50), ``BENCH_CONCURRENCY`` ("10,100"), ``BENCH_LIMIT_SECONDS`` (2), ``BENCH_ONLY`` (the phases
+to run, a comma list of limits, single, batch, drain, pickup), ``BENCH_JSON`` (a file to write
+the medians to, as JSON).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import random
 import signal
@@ -62,6 +65,8 @@ LAT_TRIALS = int(os.environ.get("BENCH_LAT_TRIALS", "50"))
 CONCURRENCIES = [int(c) for c in os.environ.get("BENCH_CONCURRENCY", "10,100").split(",")]
 LIMIT_SECONDS = float(os.environ.get("BENCH_LIMIT_SECONDS", "2"))
 PEER_RESULTS = Path(os.environ.get("BENCH_PEER_RESULTS", "/tmp/peer-results-redis"))
+ONLY = set(os.environ.get("BENCH_ONLY", "limits,single,batch,drain,pickup").split(","))
+FIGURES = os.environ.get("BENCH_JSON")
 SIGNAL_ENV = "UJOBS_BENCH_SIGNAL"
 DRAIN_CAP_S = 60.0
 
@@ -293,19 +298,24 @@ async def measure() -> Figures:
     figures = Figures([], [], [], [], [], {c: [] for c in CONCURRENCIES}, [])
     for rep in range(REPS):
         tag = f"r{rep}-{random.randrange(1 << 30)}"
-        figures.raw_single.append(raw_set_rate(1))
-        figures.raw_pipelined.append(raw_set_rate(100))
-        figures.enqueue_single.append(await enqueue_single(tag + "s"))
-        figures.enqueue_driver_single.append(await enqueue_driver_single(tag + "d"))
-        driver = await fresh_driver()
-        figures.enqueue_batch.append(await enqueue_batch(driver, tag + "b"))
-        await driver.close()
-        for concurrency in CONCURRENCIES:
+        if "limits" in ONLY:
+            figures.raw_single.append(raw_set_rate(1))
+            figures.raw_pipelined.append(raw_set_rate(100))
+        if "single" in ONLY:
+            figures.enqueue_single.append(await enqueue_single(tag + "s"))
+            figures.enqueue_driver_single.append(await enqueue_driver_single(tag + "d"))
+        if "batch" in ONLY:
+            driver = await fresh_driver()
+            figures.enqueue_batch.append(await enqueue_batch(driver, tag + "b"))
+            await driver.close()
+        for concurrency in CONCURRENCIES if "drain" in ONLY else ():
             rate, commands = await drain(starts, concurrency, f"{tag}c{concurrency}")
             figures.drain[concurrency].append(rate)
             figures.drain_commands[concurrency] = commands
-    figures.pickup_ms = await pickup(starts, "pickup")
-    figures.enqueue_commands = await enqueue_commands("commands")
+    if "pickup" in ONLY:
+        figures.pickup_ms = await pickup(starts, "pickup")
+    if "single" in ONLY:
+        figures.enqueue_commands = await enqueue_commands("commands")
     driver = await fresh_driver()
     await driver.close()
     return figures
@@ -333,6 +343,26 @@ def peer_figure(result: dict[str, Any] | None, *path: str) -> float | None:
 
 def ms(seconds: float | None) -> float | None:
     return None if seconds is None else seconds * 1000
+
+
+def write_figures(figures: Figures, path: str) -> None:
+    """The medians of this run as JSON, written to ``path`` (``BENCH_JSON``): bench/versus.py
+    reads them."""
+    out: dict[str, Any] = {}
+    if figures.raw_single:
+        out["limits"] = {
+            "single": median(figures.raw_single),
+            "pipelined": median(figures.raw_pipelined),
+        }
+    if figures.enqueue_single:
+        out["enqueue_single"] = {"rate": median(figures.enqueue_single)}
+    if figures.enqueue_batch:
+        out["enqueue_batch"] = {"rate": median(figures.enqueue_batch)}
+    if figures.drain_commands:
+        out["drain"] = {str(c): median(rates) for c, rates in figures.drain.items()}
+    if figures.pickup_ms:
+        out["pickup_ms"] = {"median": median(figures.pickup_ms), "max": max(figures.pickup_ms)}
+    Path(path).write_text(json.dumps(out, indent=2) + "\n")
 
 
 def report(figures: Figures) -> None:
@@ -383,7 +413,7 @@ def report(figures: Figures) -> None:
         ),
         (
             "pickup, max",
-            max(figures.pickup_ms),
+            max(figures.pickup_ms, default=math.nan),
             "ms",
             ms(peer_figure(saq, "latency", "max_s", "max")),
             "",
@@ -406,6 +436,7 @@ def report(figures: Figures) -> None:
                 "",
             )
         )
+    rows = [row for row in rows if not math.isnan(row[1])]  # the phases BENCH_ONLY left out
     width = max(len(r[0]) for r in rows)
     print(f"\nRedis driver, {URL}, median of {REPS} runs; preliminary (shared machine and server)")
     print(f"{'measurement':<{width}}  {'ours':>12}  {'unit':<6}  {'SAQ':>10}  {'ratio':>7}  target")
@@ -449,4 +480,7 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["worker"]:
         worker_process(int(sys.argv[2]))
     else:
-        report(asyncio.run(measure()))
+        measured = asyncio.run(measure())
+        if FIGURES:
+            write_figures(measured, FIGURES)
+        report(measured)

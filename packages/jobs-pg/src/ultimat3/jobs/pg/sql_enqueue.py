@@ -81,7 +81,8 @@ announce as (
     -- (x_jobs_claim_idx), bounded to the slot on both sides of run_at and stopping at the
     -- first row: a NOT EXISTS could be planned as an anti-join over the whole backlog. Rows an
     -- enqueuer with a skewed clock wrote fall outside another one's slot, so they never
-    -- silence it.
+    -- silence it. A row due before its slot began (run_at set in the past) is outside it too:
+    -- it silences nothing, so each enqueue of such rows announces.
     select a.queue
     from (select distinct queue from inserted where run_at <= %(due_by)s) a
     cross join lateral (

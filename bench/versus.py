@@ -1,0 +1,146 @@
+"""Ours against the nearest peer, in alternating rounds: ratios a shared machine can support.
+
+    python bench/versus.py pg --peer-python VENV/bin/python         # against PgQueuer
+    python bench/versus.py redis --peer-python VENV/bin/python      # against SAQ (Redis)
+
+A machine whose speed drifts by a third within minutes (a shared host) makes a ratio of two
+figures taken minutes apart mean little. Here each round runs the peer harness
+(``../shared/bench/peers``, or ``--peers DIR``; its libraries installed in the virtualenv of
+``--peer-python``) and then our benchmark, each in its own process, the order swapped every
+round; a ratio is taken within each round, and the table gives their median and spread.
+
+Each side measures single enqueue, batched enqueue and the drain at concurrency 100
+(``BENCH_REPS`` runs a round, default 1; ``--rounds``, default 4). The servers are ours:
+``BENCH_PG_URL`` and ``REDIS_URL`` as the benchmarks take them, handed to the peer harness as
+its ``PG*`` and ``REDIS_*`` variables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from psycopg.conninfo import conninfo_to_dict
+
+HERE = Path(__file__).resolve().parent
+DEFAULT_PEERS = HERE.parent.parent / "shared" / "bench" / "peers"
+
+PEER = {
+    "pg": ("PgQueuer", "peer_pgqueuer.py", "pgqueuer", {}),
+    "redis": ("SAQ", "peer_saq.py", "saq-redis", {"SAQ_BACKEND": "redis"}),
+}
+"""Per backend: the peer's name, its harness script, its result file and its environment."""
+
+FIGURES = (
+    ("single enqueue", ("enqueue_single", "rate"), ("enqueue_single", "rate", "median")),
+    ("batched enqueue", ("enqueue_batch", "rate"), ("enqueue_batch", "rate", "median")),
+    ("drain, c=100", ("drain", "100"), ("drain", "100", "rate", "median")),
+)
+"""What a round compares: a name, where our JSON holds it, where the peer's holds it."""
+
+
+def server_environment() -> dict[str, str]:
+    """The peer harness's variables for the servers our benchmarks use."""
+    pg = conninfo_to_dict(
+        os.environ.get("BENCH_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+    )
+    redis = urlsplit(os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
+    env = {
+        "PGHOST": str(pg.get("host") or "127.0.0.1"),
+        "PGPORT": str(pg.get("port") or 5432),
+        "PGUSER": str(pg.get("user") or "postgres"),
+        "REDIS_HOST": redis.hostname or "127.0.0.1",
+        "REDIS_PORT": str(redis.port or 6379),
+    }
+    if pg.get("password"):
+        env["PGPASSWORD"] = str(pg["password"])
+    return env
+
+
+def run_peer(backend: str, python: str, peers: Path, out: Path) -> dict[str, Any]:
+    _, script, result, extra = PEER[backend]
+    env = {**os.environ, **server_environment(), **extra, "BENCH_RESULTS_DIR": str(out)}
+    env.setdefault("BENCH_REPS", "1")
+    subprocess.run(
+        [python, script, "--only", "single,drain", "--conc", "100"],
+        cwd=peers,
+        env=env,
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    loaded: dict[str, Any] = json.loads((out / f"{result}.json").read_text())
+    return loaded
+
+
+def run_ours(backend: str, out: Path) -> dict[str, Any]:
+    path = out / "ours.json"
+    env = {
+        **os.environ,
+        "BENCH_ONLY": "single,batch,drain",
+        "BENCH_CONCURRENCY": "100",
+        "BENCH_JSON": str(path),
+    }
+    env.setdefault("BENCH_REPS", "1")
+    subprocess.run(
+        [sys.executable, str(HERE / f"{backend}_bench.py")],
+        env=env,
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    loaded: dict[str, Any] = json.loads(path.read_text())
+    return loaded
+
+
+def figure(result: dict[str, Any], path: tuple[str, ...]) -> float:
+    node: Any = result
+    for part in path:
+        node = node[part]
+    return float(node)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("backend", choices=sorted(PEER))
+    parser.add_argument("--peer-python", required=True, help="python of the peers' virtualenv")
+    parser.add_argument("--peers", type=Path, default=DEFAULT_PEERS, help="the peer harness")
+    parser.add_argument("--rounds", type=int, default=4)
+    args = parser.parse_args()
+    name = PEER[args.backend][0]
+    ratios: dict[str, list[float]] = {label: [] for label, _, _ in FIGURES}
+    with tempfile.TemporaryDirectory(prefix="ujobs-versus-") as scratch:
+        for round_ in range(args.rounds):
+            out = Path(scratch) / f"round-{round_}"
+            out.mkdir()
+            if round_ % 2:
+                ours = run_ours(args.backend, out)
+                theirs = run_peer(args.backend, args.peer_python, args.peers, out)
+            else:
+                theirs = run_peer(args.backend, args.peer_python, args.peers, out)
+                ours = run_ours(args.backend, out)
+            cells = []
+            for label, our_path, their_path in FIGURES:
+                mine, peer = figure(ours, our_path), figure(theirs, their_path)
+                ratios[label].append(mine / peer)
+                cells.append(f"{label} {mine:,.0f} vs {peer:,.0f} ({mine / peer:.2f}x)")
+            print(f"round {round_ + 1}: " + "; ".join(cells), flush=True)
+    print()
+    print(f"| {args.backend}: ours / {name}, per round | median | min | max |")
+    print("|---|---|---|---|")
+    for label, values in ratios.items():
+        print(
+            f"| {label} | {statistics.median(values):.2f}x | {min(values):.2f}x "
+            f"| {max(values):.2f}x |"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
