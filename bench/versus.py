@@ -65,17 +65,19 @@ def server_environment() -> dict[str, str]:
     return env
 
 
+def quietly(command: list[str], env: dict[str, str], cwd: Path | None = None) -> None:
+    """Run one side of a round; its log is shown only when it fails."""
+    done = subprocess.run(command, env=env, cwd=cwd, capture_output=True, text=True)
+    if done.returncode:
+        sys.stderr.write(done.stdout + done.stderr)
+        raise SystemExit(f"{' '.join(command)} failed ({done.returncode})")
+
+
 def run_peer(backend: str, python: str, peers: Path, out: Path) -> dict[str, Any]:
     _, script, result, extra = PEER[backend]
     env = {**os.environ, **server_environment(), **extra, "BENCH_RESULTS_DIR": str(out)}
     env.setdefault("BENCH_REPS", "1")
-    subprocess.run(
-        [python, script, "--only", "single,drain", "--conc", "100"],
-        cwd=peers,
-        env=env,
-        check=True,
-        stdout=subprocess.DEVNULL,
-    )
+    quietly([python, script, "--only", "single,drain", "--conc", "100"], env, cwd=peers)
     loaded: dict[str, Any] = json.loads((out / f"{result}.json").read_text())
     return loaded
 
@@ -89,12 +91,7 @@ def run_ours(backend: str, out: Path) -> dict[str, Any]:
         "BENCH_JSON": str(path),
     }
     env.setdefault("BENCH_REPS", "1")
-    subprocess.run(
-        [sys.executable, str(HERE / f"{backend}_bench.py")],
-        env=env,
-        check=True,
-        stdout=subprocess.DEVNULL,
-    )
+    quietly([sys.executable, str(HERE / f"{backend}_bench.py")], env)
     loaded: dict[str, Any] = json.loads(path.read_text())
     return loaded
 
