@@ -16,8 +16,8 @@ from psycopg.errors import DeadlockDetected
 
 from ultimat3.jobs.core import EnqueueRequest, FrozenClock, memory_job_driver, new_id
 from ultimat3.jobs.pg import PostgresJobDriver, postgres_job_driver
-from ultimat3.jobs.pg.rows import enqueue_params
-from ultimat3.jobs.pg.sql_enqueue import SQL_ENQUEUE
+from ultimat3.jobs.pg.rows import enqueue_one_params, enqueue_params
+from ultimat3.jobs.pg.sql_enqueue import SQL_ENQUEUE, SQL_ENQUEUE_ONE
 
 pytestmark = pytest.mark.pg
 
@@ -106,12 +106,17 @@ async def test_a_batch_of_mixed_due_times_lands_ready_and_delayed(
         pytest.param(None, id="null"),
     ],
 )
+@pytest.mark.parametrize("alone", [True, False], ids=["alone (SQL_ENQUEUE_ONE)", "in a batch"])
 async def test_an_input_reads_back_exactly_as_it_was_enqueued(
-    driver: PostgresJobDriver, clock: FrozenClock, value: Any
+    driver: PostgresJobDriver, clock: FrozenClock, value: Any, alone: bool
 ) -> None:
     queued = replace(request(clock, "exact", "k"), input=value)
-    await driver.enqueue(queued)
-    [claimed] = (await driver.claim(worker_id="w", slots={"q": 1}, visibility_timeout=30)).jobs
+    await driver.enqueue_many([queued] if alone else [queued, request(clock, "other", "k2")])
+    claimed = next(
+        job
+        for job in (await driver.claim(worker_id="w", slots={"q": 2}, visibility_timeout=30)).jobs
+        if job.id == "exact"
+    )
     assert claimed.input == value
     assert json.dumps(claimed.input) == json.dumps(value)
 
@@ -142,9 +147,17 @@ async def test_batches_racing_on_the_same_keys_never_deadlock(
 
 
 async def enqueue_plan_scans(driver: PostgresJobDriver, clock: FrozenClock) -> list[Any]:
-    """The x_jobs scans an enqueue runs now (rolled back)."""
-    params = enqueue_params([request(clock, "probe", "probe")], clock.now())
-    return await scans_run(driver.executor, SQL_ENQUEUE, params, "x_jobs")
+    """The x_jobs scans an enqueue runs now, of one request and of a batch (rolled back)."""
+    one = request(clock, "probe", "probe")
+    batch = [one, request(clock, "probe2", "probe2")]
+    return [
+        *await scans_run(
+            driver.executor, SQL_ENQUEUE_ONE, enqueue_one_params(one, clock.now()), "x_jobs"
+        ),
+        *await scans_run(
+            driver.executor, SQL_ENQUEUE, enqueue_params(batch, clock.now()), "x_jobs"
+        ),
+    ]
 
 
 async def test_an_enqueue_reads_a_row_or_two_however_long_the_backlog(

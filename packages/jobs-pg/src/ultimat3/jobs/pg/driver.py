@@ -54,9 +54,16 @@ from .executor import (
 )
 from .introspect import PostgresIntrospection
 from .leases import PostgresLeaseStore
-from .rows import claimed_job, enqueue_answers, enqueue_params, exhausted_job, utc
+from .rows import (
+    claimed_job,
+    enqueue_answers,
+    enqueue_one_params,
+    enqueue_params,
+    exhausted_job,
+    utc,
+)
 from .sql_claim import SQL_CLAIM, SQL_CLAIM_HELD
-from .sql_enqueue import SQL_ENQUEUE
+from .sql_enqueue import SQL_ENQUEUE, SQL_ENQUEUE_ONE
 from .sql_read import SQL_STATS
 from .sql_settle import SQL_ACK, SQL_HEARTBEAT, SQL_NACK, SQL_SAVE_STEP, SQL_UNCLAIMED_STATES
 
@@ -169,7 +176,13 @@ class PostgresJobDriver:
         todo = list(positions)
         for _ in range(_ENQUEUE_RETRIES):
             batch = [requests[i] for i in todo]
-            rows = await self._executor.fetch(SQL_ENQUEUE, enqueue_params(batch, self._clock.now()))
+            now = self._clock.now()
+            if len(batch) == 1:
+                rows = await self._executor.fetch(
+                    SQL_ENQUEUE_ONE, enqueue_one_params(batch[0], now)
+                )
+            else:
+                rows = await self._executor.fetch(SQL_ENQUEUE, enqueue_params(batch, now))
             refused = [row[1:] for row in rows if row[1] is not None]
             unanswered = []
             for position, answer in zip(todo, enqueue_answers(batch, refused), strict=True):

@@ -28,6 +28,7 @@ __all__ = [
     "backfill_row",
     "claimed_job",
     "enqueue_answers",
+    "enqueue_one_params",
     "enqueue_params",
     "enqueue_rows",
     "exhausted_job",
@@ -77,10 +78,32 @@ def wake_slot_start(now: datetime) -> datetime:
 
 def enqueue_params(requests: Sequence[EnqueueRequest], now: datetime) -> dict[str, Any]:
     """What SQL_ENQUEUE (and the scheduler's fire, which inserts by its rules) takes for
-    ``requests`` enqueued at ``now``: the ``rows`` document, ``now``, the start of the wake slot
-    ``now`` falls in, and ``due_by``, the latest run time whose row is announced."""
+    ``requests`` enqueued at ``now``: the ``rows`` document and the wake's parameters."""
+    return {"rows": enqueue_rows(requests), **wake_params(now)}
+
+
+def enqueue_one_params(request: EnqueueRequest, now: datetime) -> dict[str, Any]:
+    """What SQL_ENQUEUE_ONE takes for ``request`` enqueued at ``now``."""
     return {
-        "rows": enqueue_rows(requests),
+        "id": request.id,
+        "run_id": request.run_id,
+        "name": request.name,
+        "queue": request.queue,
+        "input": json_text(request.input),
+        "idempotency_key": request.idempotency_key,
+        "tenant_id": request.tenant_id,
+        "max_attempts": request.max_attempts,
+        "run_at": request.run_at,
+        "enqueued_by": request.enqueued_by,
+        "traceparent": request.traceparent,
+        **wake_params(now),
+    }
+
+
+def wake_params(now: datetime) -> dict[str, Any]:
+    """The enqueue's wake parameters at ``now``: ``now``, the start of the wake slot it falls in
+    and ``due_by``, the latest run time whose row is announced."""
+    return {
         "now": now,
         "slot_start": wake_slot_start(now),
         "due_by": now + timedelta(seconds=WAKE_DUE_WITHIN_S),
