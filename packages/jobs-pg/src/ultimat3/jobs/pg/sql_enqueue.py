@@ -82,10 +82,11 @@ announce as (
     -- and may be back asleep (nothing of the slot waits: announce). This statement's snapshot
     -- does not see its own rows. One probe per queue on the waiting rows' index
     -- (x_jobs_claim_idx), bounded to the slot on both sides of run_at and stopping at the
-    -- first row: a NOT EXISTS could be planned as an anti-join over the whole backlog. Rows an
-    -- enqueuer with a skewed clock wrote fall outside another one's slot, so they never
-    -- silence it. A row due before its slot began (run_at set in the past) is outside it too:
-    -- it silences nothing, so each enqueue of such rows announces.
+    -- first row: a NOT EXISTS could be planned as an anti-join over the whole backlog. The rows
+    -- an enqueuer whose clock runs ahead or behind queues for its own now fall outside another
+    -- one's slot, so they never silence it. A row due before its slot began (run_at set in the
+    -- past) is outside it too: it silences nothing, so a run of such enqueues announces each
+    -- time.
     select a.queue
     from (select distinct queue from inserted where run_at <= %(due_by)s) a
     cross join lateral (
