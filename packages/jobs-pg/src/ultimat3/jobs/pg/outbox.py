@@ -25,11 +25,10 @@ from psycopg.pq import TransactionStatus
 from ultimat3.jobs.core.clock import SYSTEM_CLOCK, Clock
 from ultimat3.jobs.core.durations import Duration, parse_duration
 from ultimat3.jobs.core.errors import InvariantError, OutboxNoTxError
-from ultimat3.jobs.core.jsonvalue import json_text
 from ultimat3.jobs.core.model import EnqueueRequest, OutboxRecord
 
 from .executor import PgTarget, pg_executor
-from .rows import utc, utc_or_none
+from .rows import request_params, utc, utc_or_none
 from .sql_outbox import (
     SQL_OUTBOX_CLAIM,
     SQL_OUTBOX_CLAIM_TURN,
@@ -153,20 +152,7 @@ def postgres_outbox_store(
 
 def stage_params(request: EnqueueRequest, clock: Clock) -> dict[str, Any]:
     """What SQL_OUTBOX_STAGE takes to stage ``request`` now."""
-    return {
-        "id": request.id,
-        "run_id": request.run_id,
-        "name": request.name,
-        "queue": request.queue,
-        "input": json_text(request.input),
-        "idempotency_key": request.idempotency_key,
-        "tenant_id": request.tenant_id,
-        "max_attempts": request.max_attempts,
-        "run_at": request.run_at,
-        "enqueued_by": request.enqueued_by,
-        "traceparent": request.traceparent,
-        "staged_at": clock.now(),
-    }
+    return {**request_params(request), "staged_at": clock.now()}
 
 
 def _record(row: Sequence[Any]) -> OutboxRecord:

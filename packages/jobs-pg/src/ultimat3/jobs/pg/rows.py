@@ -34,6 +34,7 @@ __all__ = [
     "exhausted_job",
     "job_row",
     "progress_json",
+    "request_params",
     "step_record",
     "utc",
 ]
@@ -84,6 +85,12 @@ def enqueue_params(requests: Sequence[EnqueueRequest], now: datetime) -> dict[st
 
 def enqueue_one_params(request: EnqueueRequest, now: datetime) -> dict[str, Any]:
     """What SQL_ENQUEUE_ONE takes for ``request`` enqueued at ``now``."""
+    return {**request_params(request), **wake_params(now)}
+
+
+def request_params(request: EnqueueRequest) -> dict[str, Any]:
+    """The request's fields as the statements that take one request name them (SQL_ENQUEUE_ONE,
+    SQL_OUTBOX_STAGE): the input as its JSON text."""
     return {
         "id": request.id,
         "run_id": request.run_id,
@@ -96,7 +103,6 @@ def enqueue_one_params(request: EnqueueRequest, now: datetime) -> dict[str, Any]
         "run_at": request.run_at,
         "enqueued_by": request.enqueued_by,
         "traceparent": request.traceparent,
-        **wake_params(now),
     }
 
 
