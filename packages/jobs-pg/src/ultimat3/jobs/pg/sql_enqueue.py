@@ -1,8 +1,8 @@
 """Enqueue: one statement inserts a batch of requests and announces the queues it filled.
 
 ``SQL_ENQUEUE`` takes a batch as one JSON document; ``SQL_ENQUEUE_ONE`` takes a single request as
-plain parameters, which a lone enqueue runs a sixth faster (no document to parse, and a plan made
-for one row). The scheduler's fire (``sql_scheduler.py``) inserts its jobs by the same rules, so
+plain parameters, which a lone enqueue runs faster (no document to parse, and a plan made for one
+row). The scheduler's fire (``sql_scheduler.py``) inserts its jobs by the same rules, so
 the parts the statements share are kept here once: the request document, the insert, the
 announcement and the refusals (``ENQUEUE_REQUEST``, ``ENQUEUE_WRITE``, ``ENQUEUE_HOLDER``).
 """
@@ -82,7 +82,9 @@ announce as (
     -- and may be back asleep (nothing of the slot waits: announce). This statement's snapshot
     -- does not see its own rows. One probe per queue on the waiting rows' index
     -- (x_jobs_claim_idx), bounded to the slot on both sides of run_at and stopping at the
-    -- first row: a NOT EXISTS could be planned as an anti-join over the whole backlog. The rows
+    -- first row: a NOT EXISTS could be planned as an anti-join over the whole backlog, and the
+    -- ORDER BY keeps the planner on that index rather than reading the table from its start
+    -- (through every finished row) when its statistics say many rows wait. The rows
     -- an enqueuer whose clock runs ahead or behind queues for its own now fall outside another
     -- one's slot, so they never silence it. A row due before its slot began (run_at set in the
     -- past) is outside it too: it silences nothing, so a run of such enqueues announces each
