@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from enum import Enum, IntEnum
 from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from pydantic import BaseModel
 
 from ultimat3.jobs.core.jsonvalue import json_roundtrip, json_text, to_json
 
@@ -73,3 +75,20 @@ def test_a_float_json_cannot_hold_is_refused(bad: float) -> None:
         json_roundtrip({"x": bad})
     with pytest.raises(ValueError):
         json_text({"x": bad})
+
+
+class Point(BaseModel):
+    x: float
+    tags: tuple[str, ...]
+
+
+@dataclass
+class Box:
+    size: int
+    items: tuple[int, ...]
+
+
+def test_models_and_dataclasses_read_back_as_their_json_form() -> None:
+    assert json_roundtrip(Point(x=1, tags=("a",))) == {"x": 1.0, "tags": ["a"]}
+    assert to_json(Point(x=1, tags=("a",))) == {"x": 1.0, "tags": ["a"]}
+    assert json_roundtrip(Box(size=2, items=(1, 2))) == {"size": 2, "items": [1, 2]}

@@ -8,7 +8,7 @@ import math
 from collections.abc import Mapping
 from datetime import date, datetime
 from enum import Enum
-from typing import Any, TypeGuard
+from typing import Any, TypeGuard, cast
 from uuid import UUID
 
 from .model import JsonValue
@@ -19,9 +19,9 @@ __all__ = ["json_contains", "json_roundtrip", "json_text", "to_json"]
 def json_roundtrip(value: Any) -> JsonValue:
     """``value`` as it reads back from storage; raises ``TypeError``/``ValueError`` if it cannot
     be stored. Pydantic models and dataclasses are dumped to their JSON form first."""
-    if _is_flat(value):
-        return dict(value)
-    return json.loads(_ENCODER.encode(to_json(value)))
+    stored = to_json(value)
+    # Only a model's dump has not been through JSON text yet; everything else already has.
+    return json.loads(_ENCODER.encode(stored)) if _is_model(value) else stored
 
 
 def json_text(value: JsonValue) -> str:
@@ -32,12 +32,16 @@ def json_text(value: JsonValue) -> str:
 def to_json(value: Any) -> JsonValue:
     if _is_flat(value):
         return dict(value)
-    dump = getattr(value, "model_dump", None)
-    if callable(dump) and not isinstance(value, type):
-        return dump(mode="json")
+    if _is_model(value):
+        return cast(JsonValue, value.model_dump(mode="json"))
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         value = dataclasses.asdict(value)
     return json.loads(_ENCODER.encode(value))
+
+
+def _is_model(value: Any) -> bool:
+    """A pydantic model instance (anything with a callable ``model_dump``), not its class."""
+    return callable(getattr(value, "model_dump", None)) and not isinstance(value, type)
 
 
 _SCALARS = frozenset({str, int, bool, type(None)})
