@@ -138,10 +138,38 @@ async def test_an_event_lookup_reads_the_earliest_event_without_sorting_the_name
     assert found is not None
     assert found.id == "a-000001"
 
-    params: dict[str, Any] = {"event": "order.paid", "since": since, "match": None}
+    params: dict[str, Any] = {"event": "order.paid", "since": since, "until": None, "match": None}
     plan = await plan_of(driver.executor, SQL_EVENT_LOOKUP, params, generic=generic)
     assert "Index Scan using x_job_events_earliest_idx" in plan, plan
     assert "Sort" not in plan, plan
     if not generic:
         scans = await scans_run(driver.executor, SQL_EVENT_LOOKUP, params, "x_job_events")
         assert scans == [("Index Scan", 1)], scans
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["custom-plan", "generic-plan"])
+async def test_an_event_lookup_bounded_by_until_stops_at_it(
+    driver: PostgresJobDriver, generic: bool
+) -> None:
+    """A wait resumed long after its deadline asks for the events published by then: thousands
+    published after it, none matching, are not read one by one (until bounds the index scan)."""
+    fetch = driver.executor.fetch
+    many = {"prefixes": ["z-"], "event": "order.paid", "count": 5_000}
+    await fetch(PUBLISH_MANY, many, prepare=False)
+    await fetch("analyze x_job_events", prepare=False)
+    bus = postgres_event_bus(executor=driver.executor)
+    since = await bus.now() - timedelta(hours=1)
+    until = since + timedelta(minutes=1)
+    assert await bus.lookup("order.paid", since=since, until=until, match={"n": 1}) is None
+
+    params: dict[str, Any] = {
+        "event": "order.paid",
+        "since": since,
+        "until": until,
+        "match": '{"n": 1}',
+    }
+    plan = await plan_of(driver.executor, SQL_EVENT_LOOKUP, params, generic=generic)
+    assert "Index Scan using x_job_events_earliest_idx" in plan, plan
+    if not generic:
+        scans = await scans_run(driver.executor, SQL_EVENT_LOOKUP, params, "x_job_events")
+        assert scans == [("Index Scan", 0)], scans

@@ -53,13 +53,19 @@ class MemoryEventBus:
         return record
 
     async def lookup(
-        self, event: str, *, since: datetime, match: Mapping[str, JsonValue] | None = None
+        self,
+        event: str,
+        *,
+        since: datetime,
+        until: datetime | None = None,
+        match: Mapping[str, JsonValue] | None = None,
     ) -> EventRecord | None:
         now = self._clock.now()
         for record in self._events:
             if (
                 record.event == event
                 and record.published_at >= since
+                and (until is None or record.published_at <= until)
                 and record.expires_at > now
                 and (match is None or json_contains(record.payload, match))
             ):

@@ -278,10 +278,16 @@ class EventBus(Protocol):
     ) -> EventRecord: ...
 
     async def lookup(
-        self, event: str, *, since: datetime, match: Mapping[str, JsonValue] | None = None
+        self,
+        event: str,
+        *,
+        since: datetime,
+        until: datetime | None = None,
+        match: Mapping[str, JsonValue] | None = None,
     ) -> EventRecord | None:
-        """The earliest unexpired ``event`` published at or after ``since`` whose payload contains
-        ``match`` (JSON containment, as Postgres' ``@>``)."""
+        """The earliest unexpired ``event`` published at or after ``since`` (and at or before
+        ``until``, when given) whose payload contains ``match`` (JSON containment, as Postgres'
+        ``@>``)."""
         ...
 
     async def now(self) -> datetime: ...

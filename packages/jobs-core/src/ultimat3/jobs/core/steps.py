@@ -256,7 +256,8 @@ class Step:
         """Suspend until an ``event`` whose payload contains ``match`` is published after this
         wait began; answers its payload. On ``timeout`` it answers None, or raises
         ``X_JOB_TIMEOUT`` when ``required`` (``EventWaitTimeoutError``: the run ends on that
-        attempt, since a retry would replay the stored timeout).
+        attempt, since a retry would replay the stored timeout). An event published after the
+        deadline never counts, even for a run that resumes later than that.
 
         The wait is stamped on the bus's clock and a timeout is declared on that clock too,
         after one last look — a worker whose clock runs ahead never gives up early.
@@ -282,9 +283,11 @@ class Step:
             since = datetime.fromisoformat(held.output["since"])
             raw_deadline = held.output.get("deadline")
             deadline = datetime.fromisoformat(raw_deadline) if raw_deadline else None
-        found = await self._events.lookup(event, since=since, match=match)
+        # Only an event published by the deadline counts, however late the run resumes: a
+        # worker that was down past it must reach the same answer as one that never was.
+        found = await self._events.lookup(event, since=since, until=deadline, match=match)
         if found is None and deadline is not None and await self._events.now() >= deadline:
-            found = await self._events.lookup(event, since=since, match=match)
+            found = await self._events.lookup(event, since=since, until=deadline, match=match)
             if found is None:
                 await self._save(name, "wait", {"timed_out": True})
                 self.trace.append((name, "ran"))

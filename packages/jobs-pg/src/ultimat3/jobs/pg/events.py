@@ -53,13 +53,19 @@ class PostgresEventBus:
         return _record(rows[0])
 
     async def lookup(
-        self, event: str, *, since: datetime, match: Mapping[str, JsonValue] | None = None
+        self,
+        event: str,
+        *,
+        since: datetime,
+        until: datetime | None = None,
+        match: Mapping[str, JsonValue] | None = None,
     ) -> EventRecord | None:
         rows = await self._executor.fetch(
             SQL_EVENT_LOOKUP,
             {
                 "event": event,
                 "since": since,
+                "until": until,
                 "match": None if match is None else json_text(json_roundtrip(match)),
             },
             idempotent=True,

@@ -23,15 +23,18 @@ returning e.id, e.event, e.payload, e.published_at, e.expires_at
 """
 
 SQL_EVENT_LOOKUP = """
--- Parameters: event, since, match (JSON text, or null for any payload).
--- The earliest event of that name published at or after since, not yet expired by the
--- database's clock, whose payload contains match (jsonb @>: objects by subset, arrays by
--- element). Earliest is (published_at, id). Served by x_job_events_earliest_idx, in that order:
--- the first row that passes the filters is the answer, with no sort of the name's events.
+-- Parameters: event, since, until (null: no bound), match (JSON text, or null for any payload).
+-- The earliest event of that name published at or after since (and at or before until), not
+-- yet expired by the database's clock, whose payload contains match (jsonb @>: objects by
+-- subset, arrays by element). Earliest is (published_at, id). Served by
+-- x_job_events_earliest_idx, in that order: the first row that passes the filters is the
+-- answer, with no sort of the name's events. Both bounds are index bounds (a null until reads
+-- as infinity), so a scan past until stops there instead of reading every later event.
 select id, event, payload, published_at, expires_at
 from x_job_events
 where event = %(event)s
   and published_at >= %(since)s
+  and published_at <= coalesce(%(until)s::timestamptz, 'infinity')
   and expires_at > now()
   and (%(match)s::jsonb is null or payload @> %(match)s::jsonb)
 order by published_at, id

@@ -58,10 +58,16 @@ class RedisEventBus:
         )
 
     async def lookup(
-        self, event: str, *, since: datetime, match: Mapping[str, JsonValue] | None = None
+        self,
+        event: str,
+        *,
+        since: datetime,
+        until: datetime | None = None,
+        match: Mapping[str, JsonValue] | None = None,
     ) -> EventRecord | None:
         now = await self.now()
         index = self._ns.key(f"evby:{event}")
+        last_score = "+inf" if until is None else to_us(until)
         # Paged by position, (score, how many entries at that score were read): a page found by
         # an offset from `since` walks again every entry before it, which made a lookup
         # quadratic in the events published since the wait began.
@@ -70,7 +76,7 @@ class RedisEventBus:
             page = cast(
                 list[tuple[str, float]],
                 await self._ns.client.zrangebyscore(
-                    index, score, "+inf", start=seen_at_score, num=_PAGE, withscores=True
+                    index, score, last_score, start=seen_at_score, num=_PAGE, withscores=True
                 ),
             )
             ids = [event_id for event_id, _ in page]

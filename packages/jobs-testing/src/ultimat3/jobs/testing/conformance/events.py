@@ -45,6 +45,19 @@ class EventBusRules:
         record = await jobs.events.publish("e", {"n": 1})
         assert await jobs.events.lookup("e", since=record.published_at + _TICK) is None
 
+    async def test_lookup_counts_an_event_published_at_until(self, jobs: Conformance) -> None:
+        bus = jobs.events
+        since = await bus.now()
+        first = await bus.publish("e", {"n": 1})
+        await bus.publish("e", {"n": 2})
+        assert await bus.lookup("e", since=since, until=first.published_at) == first
+
+    async def test_lookup_ignores_events_published_after_until(self, jobs: Conformance) -> None:
+        bus = jobs.events
+        since = await bus.now()
+        record = await bus.publish("e", {"n": 1})
+        assert await bus.lookup("e", since=since, until=record.published_at - _TICK) is None
+
     async def test_lookup_ignores_other_event_names(self, jobs: Conformance) -> None:
         since = await jobs.events.now()
         await jobs.events.publish("invoice.voided", {"invoice": "i-1"})
