@@ -5,10 +5,11 @@
 Prints one table: the raw limits from Python (single-row commits, a batched INSERT, a bare
 ``SKIP LOCKED`` claim-100 + update-to-done cycle), then this driver's single and batched enqueue
 (each in blocks alternating with the raw insert and with a bare INSERT of the same rows into
-x_jobs, the table's own floor), the end-to-end drain of N no-op jobs by ONE worker process
-(``bench/pg_worker.py``), pickup latency from another process with the wake, idle claims per
-minute, and per job the statements (counted by the client), write transactions (xids) and WAL
-bytes (``pg_current_wal_lsn``).
+x_jobs, the table's own floor; the single one also with the raw insert from an asyncio
+connection, which is what the driver's client pays before any statement of its own), the
+end-to-end drain of N no-op jobs by ONE worker process (``bench/pg_worker.py``), pickup latency
+from another process with the wake, idle claims per minute, and per job the statements (counted
+by the client), write transactions (xids) and WAL bytes (``pg_current_wal_lsn``).
 
 The workload is the peer harness's (``BENCH_*`` knobs, same defaults), so its results for other
 libraries can be set beside these: point ``BENCH_PEER_RESULTS`` at the directory holding its
@@ -310,6 +311,8 @@ class Interleaved:
     ours: list[float] = field(default_factory=list)
     raw: list[float] = field(default_factory=list)
     bare: list[float] = field(default_factory=list)
+    async_raw: list[float] = field(default_factory=list)
+    """Single enqueue only: the raw commits again, from an asyncio connection like the driver's."""
     building_us: float = 0.0
     cost: Cost = field(default_factory=Cost)
 
@@ -320,6 +323,10 @@ class Interleaved:
     @property
     def bare_ratio(self) -> float:
         return statistics.median(self.bare) / statistics.median(self.raw)
+
+    @property
+    def async_ratio(self) -> float:
+        return statistics.median(self.ours) / statistics.median(self.async_raw)
 
 
 BARE_INSERT = """
@@ -338,6 +345,16 @@ def raw_single_block(conn: psycopg.Connection[Any], count: int) -> float:
     began = time.perf_counter()
     for _ in range(count):
         conn.execute(
+            "insert into raw_insert (payload) values (%s::jsonb)", ('{"i": 1}',), prepare=True
+        )
+    return time.perf_counter() - began
+
+
+async def raw_single_block_async(conn: psycopg.AsyncConnection[Any], count: int) -> float:
+    """``raw_single_block`` on an asyncio connection: what the event loop adds to a round trip."""
+    began = time.perf_counter()
+    for _ in range(count):
+        await conn.execute(
             "insert into raw_insert (payload) values (%s::jsonb)", ('{"i": 1}',), prepare=True
         )
     return time.perf_counter() - began
@@ -370,9 +387,11 @@ def bare_block(conn: psycopg.Connection[Any], statements: int, rows: int) -> flo
 
 
 async def enqueue_single(admin: psycopg.Connection[Any]) -> Interleaved:
-    """One ``handle.enqueue()`` per job, against single-row INSERT commits from one client."""
+    """One ``handle.enqueue()`` per job, against single-row INSERT commits from one client (and
+    the same commits from an asyncio connection)."""
     measured, block = Interleaved(), 100
     admin.execute("create table if not exists raw_insert (id bigserial primary key, payload jsonb)")
+    async_raw = await psycopg.AsyncConnection.connect(URL, autocommit=True)
     with (
         psycopg.connect(URL, autocommit=True) as raw,
         psycopg.connect(URL, autocommit=True) as bare,
@@ -384,8 +403,10 @@ async def enqueue_single(admin: psycopg.Connection[Any]) -> Interleaved:
             set_job_driver(driver)
             await bench_noop.enqueue({"i": -1})  # the pool is open before the clock starts
             counter.count, ours_s, raw_s, bare_s, xacts, wal = 0, 0.0, 0.0, 0.0, 0, 0.0
+            async_s = 0.0
             for start in range(0, N_SINGLE, block):
                 raw_s += raw_single_block(raw, block)
+                async_s += await raw_single_block_async(async_raw, block)
                 bare_s += bare_block(bare, block, 1)
                 mark = server_mark(admin)
                 began = time.perf_counter()
@@ -396,12 +417,15 @@ async def enqueue_single(admin: psycopg.Connection[Any]) -> Interleaved:
                 xacts, wal = xacts + int(part.write_xacts), wal + part.wal_bytes
             measured.ours.append(N_SINGLE / ours_s)
             measured.raw.append(N_SINGLE / raw_s)
+            measured.async_raw.append(N_SINGLE / async_s)
             measured.bare.append(N_SINGLE / bare_s)
             measured.cost = Cost(counter.count / N_SINGLE, xacts / N_SINGLE, wal / N_SINGLE)
             await driver.close()
+    await async_raw.close()
     log(
         f"single enqueue: {statistics.median(measured.ours):,.0f}/s, "
-        f"{measured.ratio:.0%} of the raw commit rate beside it, a bare insert into x_jobs "
+        f"{measured.ratio:.0%} of the raw commit rate beside it "
+        f"({measured.async_ratio:.0%} of the raw commits from asyncio), a bare insert into x_jobs "
         f"{measured.bare_ratio:.0%} ({measured.cost.cell()})"
     )
     return measured
@@ -584,6 +608,8 @@ def write_figures(
                 "raw": statistics.median(measured.raw),
                 "bare": statistics.median(measured.bare),
             }
+            if measured.async_raw:
+                figures[key]["async_raw"] = statistics.median(measured.async_raw)
     if drained is not None:
         figures["drain"] = {str(CONCURRENCY): drained.median}
     if picked is not None:
@@ -647,7 +673,9 @@ def main() -> None:
                 f"{ours:,.0f}/s",
                 f"{single.ratio:.0%} of {statistics.median(single.raw):,.0f} raw commits/s "
                 f"measured beside it (a bare INSERT of the row into x_jobs: "
-                f"{single.bare_ratio:.0%}); {single.cost.cell()}",
+                f"{single.bare_ratio:.0%}); {single.async_ratio:.0%} of the same raw commits "
+                f"from an asyncio connection ({statistics.median(single.async_raw):,.0f}/s); "
+                f"{single.cost.cell()}",
                 versus(ours, "enqueue_single", "rate", "median"),
             )
         )
