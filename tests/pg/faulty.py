@@ -4,12 +4,18 @@
 the answer is read — what a server restart or a terminated backend does to a statement that just
 committed. ``Faults.fail_before_sending(n)``: the next ``n`` statements find their connection
 dropped before they are sent, so they never run — and their caller cannot tell the two apart.
-Every error the server raised is kept in ``Faults.errors``.
+``Faults.abandon_next(once_blocked)``: the next statement is sent whole, and once
+``once_blocked()`` returns its connection dies on the client's side only, while the server goes
+on with it and commits it when it can. Every error the server raised is kept in
+``Faults.errors``.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+import os
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +31,7 @@ __all__ = ["Faults", "faulty_pool"]
 class Faults:
     answers_to_lose: int = 0
     sends_to_fail: int = 0
+    abandon: Callable[[], Awaitable[None]] | None = None
     errors: list[Exception] = field(default_factory=list)
 
     def lose_answers(self, count: int = 1) -> None:
@@ -33,11 +40,24 @@ class Faults:
     def fail_before_sending(self, count: int = 1) -> None:
         self.sends_to_fail = count
 
+    def abandon_next(self, once_blocked: Callable[[], Awaitable[None]]) -> None:
+        self.abandon = once_blocked
+
     def cursor_class(self) -> type[AsyncCursor[Any]]:
         faults = self
 
         class FaultyCursor(AsyncCursor[Any]):
             async def execute(self, *args: Any, **kwargs: Any) -> FaultyCursor:
+                if faults.abandon is not None:
+                    once_blocked, faults.abandon = faults.abandon, None
+                    running = asyncio.ensure_future(super().execute(*args, **kwargs))
+                    await once_blocked()
+                    # Shut the socket, not the connection: libpq sends no goodbye, and the
+                    # server notices nothing until it has finished (and committed) the statement.
+                    with socket.socket(fileno=os.dup(self.connection.fileno())) as sock:
+                        sock.shutdown(socket.SHUT_RDWR)
+                    await running  # the client reads the end of the stream: OperationalError
+                    return self
                 if faults.sends_to_fail > 0:
                     faults.sends_to_fail -= 1
                     await self.connection.close()

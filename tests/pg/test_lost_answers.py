@@ -4,8 +4,12 @@ did; every other write raises, applied once."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
+from datetime import timedelta
+from typing import Any
 
+import psycopg
 import pytest
 from pg.faulty import Faults, faulty_pool
 
@@ -124,6 +128,81 @@ async def test_a_claim_whose_answer_was_lost_before_it_ran_took_nothing(
     batch = await lossy.claim(worker_id="w", slots={"q": 1}, visibility_timeout=30)
     assert not batch.jobs
     assert await count(lossy, "select count(*) from x_jobs where state = 'ready'") == 1
+    # The next claim looks for the lost one's rows once more, finds none, and claims as usual.
+    batch = await lossy.claim(worker_id="w", slots={"q": 1}, visibility_timeout=30)
+    assert [job.input for job in batch.jobs] == [{"n": 0}]
+
+
+async def test_a_claim_that_commits_after_its_read_back_is_answered_by_the_next_claim(
+    lossy: PostgresJobDriver, faults: Faults, clock: FrozenClock, pg_url: str
+) -> None:
+    """The connection died on the client's side while the server waited on a lock: the
+    read-back ran first and found nothing, then the claim committed. Its row, on its final
+    attempt, would have run under a claim nobody held and been buried dead without running."""
+    await lossy.enqueue(request(clock, max_attempts=1))
+
+    async def once_blocked() -> None:
+        waiting = (
+            "select count(*) from pg_stat_activity "
+            "where datname = current_database() and wait_event_type = 'Lock'"
+        )
+        async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as watcher:
+            while not (await (await watcher.execute(waiting)).fetchall())[0][0]:
+                await asyncio.sleep(0.01)
+
+    async with await psycopg.AsyncConnection.connect(pg_url) as blocker:
+        await blocker.execute("lock table x_jobs in share mode")
+        faults.abandon_next(once_blocked)
+        batch = await lossy.claim(worker_id="w", slots={"q": 1}, visibility_timeout=30)
+        assert not batch.jobs
+    running = "select count(*) from x_jobs where state = 'running'"
+    async with asyncio.timeout(30):
+        while not await count(lossy, running):
+            await asyncio.sleep(0.01)
+
+    clock.advance(20)  # the lost claim's lease has 10 s left: the row comes renewed
+    batch = await lossy.claim(worker_id="w", slots={"q": 1}, visibility_timeout=30)
+    assert [job.input for job in batch.jobs] == [{"n": 0}]
+    (job,) = batch.jobs
+    assert job.lease_until == clock.now() + timedelta(seconds=30)
+    held = await lossy.executor.fetch(
+        "select lease_until from x_jobs where id = %(id)s", {"id": job.id}
+    )
+    assert held[0][0] == job.lease_until
+    assert await lossy.ack(job.id, AckOptions("w", job.claim.claim))
+    assert await count(lossy, "select count(*) from x_jobs where state = 'done'") == 1
+
+
+def count_statements(driver: PostgresJobDriver) -> list[int]:
+    """A one-item list the driver's statements are counted in from now on."""
+    counted, fetch = [0], driver.executor.fetch
+
+    async def counting(*args: Any, **kwargs: Any) -> Any:
+        counted[0] += 1
+        return await fetch(*args, **kwargs)
+
+    driver.executor.fetch = counting  # type: ignore[method-assign]
+    return counted
+
+
+async def test_a_lost_claim_is_looked_for_once_a_second_until_its_lease_lapsed(
+    lossy: PostgresJobDriver, faults: Faults, clock: FrozenClock
+) -> None:
+    faults.fail_before_sending()
+    assert not (await lossy.claim(worker_id="w", slots={"q": 1}, visibility_timeout=30)).jobs
+    statements = count_statements(lossy)
+    for expected in (2, 1, 1):  # a look and the claim, then the claim alone within the second
+        statements[0] = 0
+        await lossy.claim(worker_id="w", slots={"q": 1}, visibility_timeout=30)
+        assert statements[0] == expected
+    clock.advance(1)
+    statements[0] = 0
+    await lossy.claim(worker_id="w", slots={"q": 1}, visibility_timeout=30)
+    assert statements[0] == 2
+    clock.advance(30)
+    statements[0] = 0
+    await lossy.claim(worker_id="w", slots={"q": 1}, visibility_timeout=30)
+    assert statements[0] == 1
 
 
 async def test_a_cancel_whose_answer_was_lost_raises_rather_than_answering_not_found(

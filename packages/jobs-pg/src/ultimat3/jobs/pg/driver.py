@@ -66,6 +66,7 @@ from .sql_claim import SQL_CLAIM, SQL_CLAIM_HELD
 from .sql_enqueue import SQL_ENQUEUE, SQL_ENQUEUE_ONE
 from .sql_read import SQL_STATS
 from .sql_settle import SQL_ACK, SQL_HEARTBEAT, SQL_NACK, SQL_SAVE_STEP, SQL_UNCLAIMED_STATES
+from .unanswered import UnansweredClaims
 
 __all__ = ["PostgresJobDriver", "postgres_job_driver"]
 
@@ -110,6 +111,7 @@ class PostgresJobDriver:
         self._leases = PostgresLeaseStore(self._executor, clock)
         self._backfills = PostgresBackfillLedger(self._executor, clock)
         self._events = PostgresEventBus(self._executor)
+        self._unanswered = UnansweredClaims(self._executor)
         self._acks: Coalescer[_Ack, bool] = Coalescer(
             self._flush_acks, key=_BY_JOB_ID, max_batch=settle_batch
         )
@@ -213,6 +215,10 @@ class PostgresJobDriver:
             return ClaimBatch()
         now = self._clock.now()
         lease_until = now + timedelta(seconds=visibility_timeout)
+        if self._unanswered:
+            late = await self._unanswered.taken_late(worker_id, wanted, now)
+            if late is not None:
+                return await self._answer_late(late, wanted, worker_id, lease_until)
         claim = new_id()
         try:
             rows = await self._executor.fetch(
@@ -230,18 +236,32 @@ class PostgresJobDriver:
             )
         except AnswerLostError as lost:
             rows = await self._claimed_before(lost, wanted, worker_id, claim, lease_until)
-        if not rows:
-            return ClaimBatch()
-        order = {queue: index for index, queue in enumerate(wanted)}
-        rows.sort(key=lambda row: (order[row[4]], row[10], row[1]))
-        jobs: list[ClaimedJob] = []
-        exhausted: list[ExhaustedJob] = []
-        for row in rows:
-            if row[0] == "running":
-                jobs.append(claimed_job(row, worker_id=worker_id, lease_until=lease_until))
-            else:
-                exhausted.append(exhausted_job(row))
-        return ClaimBatch(jobs=jobs, exhausted=exhausted)
+            if not rows:  # it may not have run, or may not have committed yet
+                self._unanswered.remember(
+                    worker_id=worker_id,
+                    claim=claim,
+                    lease_until=lease_until,
+                    queues=list(wanted),
+                    now=now,
+                )
+        return _batch(rows, wanted, worker_id, lease_until)
+
+    async def _answer_late(
+        self,
+        rows: builtins.list[tuple[Any, ...]],
+        wanted: Mapping[str, int],
+        worker_id: str,
+        lease_until: datetime,
+    ) -> ClaimBatch:
+        """The rows a lost claim committed after its read-back (``unanswered.py``), each that
+        runs renewed to ``lease_until`` first: its lease ran from the lost claim's start. A row
+        whose renewal did not land (cancelled meanwhile) is left out."""
+        running = [row for row in rows if row[0] == "running"]
+        renewals = [(row[1], worker_id, row[14], lease_until.isoformat()) for row in running]
+        landed = await self._flush_heartbeats(renewals) if renewals else []
+        renewed = {row[1] for row, held in zip(running, landed, strict=True) if held}
+        kept = [row for row in rows if row[0] != "running" or row[1] in renewed]
+        return _batch(kept, wanted, worker_id, lease_until)
 
     async def _claimed_before(
         self,
@@ -436,6 +456,28 @@ def postgres_job_driver(
         prepare=prepare,
         settle_batch=settle_batch,
     )
+
+
+def _batch(
+    rows: builtins.list[tuple[Any, ...]],
+    wanted: Mapping[str, int],
+    worker_id: str,
+    lease_until: datetime,
+) -> ClaimBatch:
+    """A claim's rows (SQL_CLAIM's, or SQL_CLAIM_HELD's) as its answer: queue by queue in the
+    order asked, each queue's rows in (run_at, id) order."""
+    if not rows:
+        return ClaimBatch()
+    order = {queue: index for index, queue in enumerate(wanted)}
+    rows.sort(key=lambda row: (order.get(row[4], len(order)), row[10], row[1]))
+    jobs: list[ClaimedJob] = []
+    exhausted: list[ExhaustedJob] = []
+    for row in rows:
+        if row[0] == "running":
+            jobs.append(claimed_job(row, worker_id=worker_id, lease_until=lease_until))
+        else:
+            exhausted.append(exhausted_job(row))
+    return ClaimBatch(jobs=jobs, exhausted=exhausted)
 
 
 def _rounds(requests: Sequence[EnqueueRequest], positions: range) -> list[list[int]]:

@@ -1,0 +1,119 @@
+"""Claims whose answer was lost and whose read-back found nothing: they may still commit.
+
+A claim's connection can die on the client's side (a network fault, a proxy dropping it) while
+the server goes on: the statement was delivered whole, and it commits when it gets to — after
+the driver's read-back, if it was waiting on a lock or the server was slow. Its rows then run
+under a claim nobody holds until their lease lapses: an attempt spent on nothing, and a final
+attempt buried dead without having run.
+
+So a read-back that found nothing does not close the matter. The claim is remembered until its
+lease would have lapsed, and the claimant's later claims look for its rows once more (at most
+once a second, and only while one is remembered: nothing on the hot path). Rows found that way
+are answered by that later claim, under the lost claim's token, their lease renewed first (it
+ran from the lost claim's start), and run as if the first answer had arrived. They are answered
+only when the queues asking have room for all of them; until then they wait, and a lease that
+lapses meanwhile leaves them to be claimed again as before. A statement commits whole, so a look
+that finds rows finds them all.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from ultimat3.jobs.core.logs import log_event
+
+from .executor import PgExecutor
+from .sql_claim import SQL_CLAIM_HELD
+
+__all__ = ["LOOK_EVERY", "UnansweredClaims"]
+
+LOOK_EVERY = timedelta(seconds=1)
+"""How often a remembered claim is looked for again."""
+
+
+@dataclass
+class _Unanswered:
+    worker_id: str
+    claim: str
+    lease_until: datetime
+    queues: tuple[str, ...]
+    next_look: datetime
+
+
+class UnansweredClaims:
+    """The claims of one driver whose answer was lost and whose rows were not (yet) found."""
+
+    def __init__(self, executor: PgExecutor) -> None:
+        self._executor = executor
+        self._pending: list[_Unanswered] = []
+
+    def __bool__(self) -> bool:
+        return bool(self._pending)
+
+    def remember(
+        self,
+        *,
+        worker_id: str,
+        claim: str,
+        lease_until: datetime,
+        queues: Sequence[str],
+        now: datetime,
+    ) -> None:
+        self._pending.append(_Unanswered(worker_id, claim, lease_until, tuple(queues), now))
+
+    async def taken_late(
+        self, worker_id: str, wanted: Mapping[str, int], now: datetime
+    ) -> list[tuple[Any, ...]] | None:
+        """The rows (SQL_CLAIM_HELD's) of one of ``worker_id``'s remembered claims that
+        committed after all, when the queues it asks now (``wanted``) have room for them."""
+        pending, self._pending = self._pending, []
+        try:
+            while pending:
+                lost = pending.pop(0)
+                if lost.lease_until <= now:
+                    continue  # lapsed: whatever it took is claimable again, by anyone
+                if lost.worker_id != worker_id or now < lost.next_look:
+                    self._pending.append(lost)
+                    continue
+                lost.next_look = now + LOOK_EVERY
+                rows = await self._look(lost)
+                if not rows or not _room_for(rows, wanted):
+                    self._pending.append(lost)
+                    continue
+                log_event(
+                    logging.WARNING,
+                    "jobs.claim.committed-late",
+                    worker=worker_id,
+                    claim=lost.claim,
+                    rows=len(rows),
+                )
+                return rows
+            return None
+        finally:
+            self._pending += pending
+
+    async def _look(self, lost: _Unanswered) -> list[tuple[Any, ...]]:
+        return await self._executor.fetch(
+            SQL_CLAIM_HELD,
+            {
+                "queues": list(lost.queues),
+                "worker_id": lost.worker_id,
+                "claim": lost.claim,
+                "lease_until": lost.lease_until,
+            },
+            idempotent=True,
+        )
+
+
+def _room_for(rows: Sequence[Sequence[Any]], wanted: Mapping[str, int]) -> bool:
+    """Whether every queue asking has a slot for each of its rows that runs (a buried row takes
+    none)."""
+    taken: dict[str, int] = {}
+    for row in rows:
+        if row[0] == "running":
+            taken[row[4]] = taken.get(row[4], 0) + 1
+    return all(count <= wanted.get(queue, 0) for queue, count in taken.items())
