@@ -42,6 +42,7 @@ class _Unanswered:
     lease_until: datetime
     queues: tuple[str, ...]
     next_look: datetime
+    answered: bool = False
 
 
 class UnansweredClaims:
@@ -69,32 +70,29 @@ class UnansweredClaims:
         self, worker_id: str, wanted: Mapping[str, int], now: datetime
     ) -> list[tuple[Any, ...]] | None:
         """The rows (SQL_CLAIM_HELD's) of one of ``worker_id``'s remembered claims that
-        committed after all, when the queues it asks now (``wanted``) have room for them."""
-        pending, self._pending = self._pending, []
-        try:
-            while pending:
-                lost = pending.pop(0)
-                if lost.lease_until <= now:
-                    continue  # lapsed: whatever it took is claimable again, by anyone
-                if lost.worker_id != worker_id or now < lost.next_look:
-                    self._pending.append(lost)
-                    continue
-                lost.next_look = now + LOOK_EVERY
-                rows = await self._look(lost)
-                if not rows or not _room_for(rows, wanted):
-                    self._pending.append(lost)
-                    continue
-                log_event(
-                    logging.WARNING,
-                    "jobs.claim.committed-late",
-                    worker=worker_id,
-                    claim=lost.claim,
-                    rows=len(rows),
-                )
-                return rows
-            return None
-        finally:
-            self._pending += pending
+        committed after all, when the queues it asks now (``wanted``) have room for them.
+        A claim whose lease lapsed is forgotten: whatever it took is claimable again, by
+        anyone."""
+        self._pending = [
+            lost for lost in self._pending if lost.lease_until > now and not lost.answered
+        ]
+        for lost in list(self._pending):
+            if lost.worker_id != worker_id or now < lost.next_look:
+                continue
+            lost.next_look = now + LOOK_EVERY
+            rows = await self._look(lost)
+            if lost.answered or not rows or not _room_for(rows, wanted):
+                continue
+            lost.answered = True
+            log_event(
+                logging.WARNING,
+                "jobs.claim.committed-late",
+                worker=worker_id,
+                claim=lost.claim,
+                rows=len(rows),
+            )
+            return rows
+        return None
 
     async def _look(self, lost: _Unanswered) -> list[tuple[Any, ...]]:
         return await self._executor.fetch(
