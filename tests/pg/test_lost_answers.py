@@ -28,6 +28,7 @@ from ultimat3.jobs.pg import (
     postgres_job_driver,
     postgres_outbox_store,
 )
+from ultimat3.jobs.pg.sql_claim import SQL_CLAIM_HELD
 
 pytestmark = pytest.mark.pg
 
@@ -171,6 +172,28 @@ async def test_a_claim_that_commits_after_its_read_back_is_answered_by_the_next_
     assert held[0][0] == job.lease_until
     assert await lossy.ack(job.id, AckOptions("w", job.claim.claim))
     assert await count(lossy, "select count(*) from x_jobs where state = 'done'") == 1
+
+
+async def test_a_claim_whose_read_back_failed_too_is_answered_by_the_next_claim(
+    lossy: PostgresJobDriver, faults: Faults, clock: FrozenClock
+) -> None:
+    """The claim committed and its answer was lost, then its read-back failed (the server went
+    away): the claim fails, and the next one answers the rows it took."""
+    await lossy.enqueue(request(clock, max_attempts=1))
+    fetch = lossy.executor.fetch
+
+    async def read_back_fails(query: str, *args: Any, **kwargs: Any) -> Any:
+        if query == SQL_CLAIM_HELD:
+            lossy.executor.fetch = fetch  # type: ignore[method-assign]
+            raise DriverUnavailableError("the server went away")
+        return await fetch(query, *args, **kwargs)
+
+    lossy.executor.fetch = read_back_fails  # type: ignore[method-assign]
+    faults.lose_answers()
+    with pytest.raises(DriverUnavailableError, match="went away"):
+        await lossy.claim(worker_id="w", slots={"q": 1}, visibility_timeout=30)
+    batch = await lossy.claim(worker_id="w", slots={"q": 1}, visibility_timeout=30)
+    assert [job.input for job in batch.jobs] == [{"n": 0}]
 
 
 def count_statements(driver: PostgresJobDriver) -> list[int]:

@@ -235,15 +235,18 @@ class PostgresJobDriver:
                 relaxed_commit=True,
             )
         except AnswerLostError as lost:
-            rows = await self._claimed_before(lost, wanted, worker_id, claim, lease_until)
-            if not rows:  # it may not have run, or may not have committed yet
-                self._unanswered.remember(
-                    worker_id=worker_id,
-                    claim=claim,
-                    lease_until=lease_until,
-                    queues=list(wanted),
-                    now=now,
-                )
+            rows = []
+            try:
+                rows = await self._claimed_before(lost, wanted, worker_id, claim, lease_until)
+            finally:
+                if not rows:  # it may not have run, or not committed yet, or the look failed
+                    self._unanswered.remember(
+                        worker_id=worker_id,
+                        claim=claim,
+                        lease_until=lease_until,
+                        queues=list(wanted),
+                        now=now,
+                    )
         return _batch(rows, wanted, worker_id, lease_until)
 
     async def _answer_late(

@@ -6,7 +6,7 @@ the driver's read-back, if it was waiting on a lock or the server was slow. Its 
 under a claim nobody holds until their lease lapses: an attempt spent on nothing, and a final
 attempt buried dead without having run.
 
-So a read-back that found nothing does not close the matter. The claim is remembered until its
+So a read-back that found nothing (or failed) does not close the matter. The claim is remembered until its
 lease would have lapsed, and the claimant's later claims look for its rows once more (at most
 once a second, and only while one is remembered: nothing on the hot path). Rows found that way
 are answered by that later claim, under the lost claim's token, their lease renewed first (it
