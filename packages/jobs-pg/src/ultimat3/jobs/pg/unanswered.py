@@ -6,14 +6,14 @@ the driver's read-back, if it was waiting on a lock or the server was slow. Its 
 under a claim nobody holds until their lease lapses: an attempt spent on nothing, and a final
 attempt buried dead without having run.
 
-So a read-back that found nothing (or failed) does not close the matter. The claim is remembered until its
-lease would have lapsed, and the claimant's later claims look for its rows once more (at most
-once a second, and only while one is remembered: nothing on the hot path). Rows found that way
-are answered by that later claim, under the lost claim's token, their lease renewed first (it
-ran from the lost claim's start), and run as if the first answer had arrived. They are answered
-only when the queues asking have room for all of them; until then they wait, and a lease that
-lapses meanwhile leaves them to be claimed again as before. A statement commits whole, so a look
-that finds rows finds them all.
+So a read-back that found nothing (or failed) does not close the matter. The claim is
+remembered until its lease would have lapsed, and the claimant's later claims look for its rows
+once more (at most once a second, and only while one is remembered: nothing on the hot path).
+Rows found that way are answered by that later claim, under the lost claim's token, their lease
+renewed first (it ran from the lost claim's start), and run as if the first answer had arrived.
+They are answered only when the queues asking have room for all of them; until then they wait,
+and a lease that lapses meanwhile leaves them to be claimed again as before. A statement commits
+whole, so a look that finds rows finds them all.
 """
 
 from __future__ import annotations
