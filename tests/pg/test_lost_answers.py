@@ -147,7 +147,10 @@ async def test_a_claim_that_commits_after_its_read_back_is_answered_by_the_next_
             "select count(*) from pg_stat_activity "
             "where datname = current_database() and wait_event_type = 'Lock'"
         )
-        async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as watcher:
+        async with (
+            asyncio.timeout(30),
+            await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as watcher,
+        ):
             while not (await (await watcher.execute(waiting)).fetchall())[0][0]:
                 await asyncio.sleep(0.01)
 
