@@ -1,5 +1,5 @@
-"""enqueue_many: a batch is one statement, answers exactly as enqueueing one by one would, and
-never deadlocks with another batch over the same keys."""
+"""enqueue_many: a batch is one write (a COPY, or one statement), answers exactly as enqueueing
+one by one would, and never deadlocks with another batch over the same keys."""
 
 from __future__ import annotations
 
@@ -9,15 +9,27 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
+import psycopg
 import pytest
 from pg.faulty import Faults, faulty_pool
 from pg.plans import scans_run
 from psycopg.errors import DeadlockDetected
 
-from ultimat3.jobs.core import EnqueueRequest, FrozenClock, memory_job_driver, new_id
+from ultimat3.jobs.core import (
+    AckOptions,
+    Enqueued,
+    EnqueueRequest,
+    FrozenClock,
+    JobState,
+    memory_job_driver,
+    new_id,
+)
 from ultimat3.jobs.pg import PostgresJobDriver, postgres_job_driver
 from ultimat3.jobs.pg.rows import enqueue_one_params, enqueue_params
-from ultimat3.jobs.pg.sql_enqueue import SQL_ENQUEUE, SQL_ENQUEUE_ONE
+from ultimat3.jobs.pg.sql_enqueue import SQL_ENQUEUE, SQL_ENQUEUE_COPY, SQL_ENQUEUE_ONE
+
+COPIED_BATCH = 200
+"""Requests enough for a batch to be tried by COPY first."""
 
 pytestmark = pytest.mark.pg
 
@@ -38,29 +50,105 @@ def request(
     )
 
 
-def count_enqueue_statements(
+def count_enqueue_writes(
     driver: PostgresJobDriver, monkeypatch: pytest.MonkeyPatch
-) -> list[int]:
-    seen: list[int] = []
-    fetch = driver.executor.fetch
+) -> list[tuple[str, int]]:
+    """How the driver's batches went in, as they go: ("statement", rows) for each SQL_ENQUEUE,
+    ("copy", rows) for each SQL_ENQUEUE_COPY tried."""
+    seen: list[tuple[str, int]] = []
+    fetch, copy = driver.executor.fetch, driver.executor.copy
 
-    async def counted(query: str, params: Any = None, **options: Any) -> Any:
+    async def counted_fetch(query: str, params: Any = None, **options: Any) -> Any:
         if query == SQL_ENQUEUE:
-            seen.append(len(json.loads(params["rows"])))
+            seen.append(("statement", len(json.loads(params["rows"]))))
         return await fetch(query, params, **options)
 
-    monkeypatch.setattr(driver.executor, "fetch", counted)
+    async def counted_copy(statement: str, rows: Any, **options: Any) -> None:
+        if statement == SQL_ENQUEUE_COPY:
+            seen.append(("copy", len(rows)))
+        await copy(statement, rows, **options)
+
+    monkeypatch.setattr(driver.executor, "fetch", counted_fetch)
+    monkeypatch.setattr(driver.executor, "copy", counted_copy)
     return seen
 
 
-async def test_a_batch_is_one_statement(
-    driver: PostgresJobDriver, clock: FrozenClock, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("size", "written"),
+    [
+        pytest.param(COPIED_BATCH, [("copy", COPIED_BATCH)], id="a large batch is copied"),
+        pytest.param(5_000, [("copy", 5_000)], id="up to a chunk"),
+        pytest.param(50, [("statement", 50)], id="a small one is one statement"),
+    ],
+)
+async def test_a_batch_is_one_write(
+    driver: PostgresJobDriver,
+    clock: FrozenClock,
+    monkeypatch: pytest.MonkeyPatch,
+    size: int,
+    written: list[tuple[str, int]],
 ) -> None:
-    statements = count_enqueue_statements(driver, monkeypatch)
-    batch = [request(clock, f"id-{n:04}", f"k{n}") for n in range(1000)]
+    writes = count_enqueue_writes(driver, monkeypatch)
+    batch = [request(clock, f"id-{n:04}", f"k{n}") for n in range(size)]
     answers = await driver.enqueue_many(batch)
-    assert [answer.id for answer in answers] == [r.id for r in batch]
-    assert statements == [1000]
+    assert answers == [Enqueued(r.id, r.run_id) for r in batch]
+    assert writes == written
+    [stats] = await driver.stats()
+    assert stats.ready == size
+
+
+@pytest.mark.parametrize(
+    "earlier",
+    [
+        pytest.param(("id-0150", "elsewhere", JobState.DONE), id="an id naming a finished row"),
+        pytest.param(("other", "k150", JobState.RUNNING), id="a key a live row holds"),
+    ],
+)
+async def test_a_copied_batch_that_meets_a_row_is_answered_by_the_statement(
+    driver: PostgresJobDriver,
+    clock: FrozenClock,
+    monkeypatch: pytest.MonkeyPatch,
+    earlier: tuple[str, str, JobState],
+) -> None:
+    """A COPY cannot skip a row: it fails whole, applies nothing (its announcement neither), and
+    the statement answers every request as enqueueing them one by one would."""
+    memory = memory_job_driver(clock=clock)
+    job_id, key, state = earlier
+    for target in (driver, memory):
+        await target.enqueue(request(clock, job_id, key))
+        claimed = await target.claim(worker_id="w", slots={"q": 1}, visibility_timeout=30)
+        if state is JobState.DONE:
+            [job] = claimed.jobs
+            assert await target.ack(job.id, AckOptions(job.claim.worker_id, job.claim.claim))
+    writes = count_enqueue_writes(driver, monkeypatch)
+    batch = [request(clock, f"id-{n:04}", f"k{n}") for n in range(COPIED_BATCH)]
+    answers = await driver.enqueue_many(batch)
+    assert answers == await memory.enqueue_many(batch)
+    assert [answer.deduped for answer in answers].count(True) == 1
+    assert writes == [("copy", COPIED_BATCH), ("statement", COPIED_BATCH)]
+    assert await driver.stats() == await memory.stats()
+
+
+async def test_a_copy_that_fails_in_the_callers_transaction_leaves_it_usable(
+    pg_url: str, clock: FrozenClock
+) -> None:
+    """In the caller's transaction the COPY runs in a savepoint: its failure rolls back only
+    its own work, and the caller's COMMIT commits the statement's answer with the rest."""
+    async with await psycopg.AsyncConnection.connect(pg_url) as conn:
+        driver = postgres_job_driver(conn, clock=clock)
+        await driver.enqueue(request(clock, "taken", "k0"))
+        await conn.commit()
+        async with conn.transaction():
+            await conn.execute("create table invoices (n int); insert into invoices values (1)")
+            batch = [request(clock, f"id-{n:04}", f"k{n}") for n in range(COPIED_BATCH)]
+            answers = await driver.enqueue_many(batch)
+        assert answers[0] == Enqueued("taken", "run-taken", deduped=True)
+        cursor = await conn.execute("select count(*) from invoices")
+        assert await cursor.fetchone() == (1,)
+        [stats] = await driver.stats()
+        assert stats.ready == COPIED_BATCH
+        await conn.execute("drop table invoices")
+        await conn.commit()
 
 
 @pytest.mark.parametrize(
@@ -73,25 +161,35 @@ async def test_a_batch_is_one_statement(
         pytest.param([("x", "k9"), ("y", "k1")], id="an id and a key already taken"),
     ],
 )
+@pytest.mark.parametrize("padding", [0, COPIED_BATCH], ids=["SQL_ENQUEUE", "copied"])
 async def test_a_batch_answers_as_one_by_one_enqueues_would(
-    driver: PostgresJobDriver, clock: FrozenClock, specs: list[tuple[str, str]]
+    driver: PostgresJobDriver, clock: FrozenClock, specs: list[tuple[str, str]], padding: int
 ) -> None:
+    """``padding`` requests of their own keys ride along: the batch's first round is then large
+    enough to be tried by COPY."""
     memory = memory_job_driver(clock=clock)
     earlier = [request(clock, "x", "k1"), request(clock, "z", "k9")]
     for target in (driver, memory):
         await target.enqueue_many(earlier)
     batch = [request(clock, job_id, key) for job_id, key in specs]
+    batch += [request(clock, f"pad-{n}", f"pad{n}") for n in range(padding)]
     assert await driver.enqueue_many(batch) == await memory.enqueue_many(batch)
     assert await driver.stats() == await memory.stats()
 
 
+@pytest.mark.parametrize("size", [2, COPIED_BATCH], ids=["SQL_ENQUEUE", "copied"])
 async def test_a_batch_of_mixed_due_times_lands_ready_and_delayed(
-    driver: PostgresJobDriver, clock: FrozenClock
+    driver: PostgresJobDriver, clock: FrozenClock, size: int
 ) -> None:
-    later = replace(request(clock, "later", "k2"), run_at=clock.now() + timedelta(minutes=5))
-    await driver.enqueue_many([request(clock, "now", "k1"), later])
+    later = timedelta(minutes=5)
+    await driver.enqueue_many(
+        [
+            replace(request(clock, f"id-{n}", f"k{n}"), run_at=clock.now() + later * (n % 2))
+            for n in range(size)
+        ]
+    )
     [stats] = await driver.stats()
-    assert (stats.ready, stats.delayed) == (1, 1)
+    assert (stats.ready, stats.delayed) == (size // 2, size // 2)
 
 
 @pytest.mark.parametrize(
@@ -106,15 +204,23 @@ async def test_a_batch_of_mixed_due_times_lands_ready_and_delayed(
         pytest.param(None, id="null"),
     ],
 )
-@pytest.mark.parametrize("alone", [True, False], ids=["alone (SQL_ENQUEUE_ONE)", "in a batch"])
+@pytest.mark.parametrize(
+    "others",
+    [0, 1, COPIED_BATCH],
+    ids=["alone (SQL_ENQUEUE_ONE)", "in a batch (SQL_ENQUEUE)", "in a copied batch"],
+)
 async def test_an_input_reads_back_exactly_as_it_was_enqueued(
-    driver: PostgresJobDriver, clock: FrozenClock, value: Any, alone: bool
+    driver: PostgresJobDriver, clock: FrozenClock, value: Any, others: int
 ) -> None:
     queued = replace(request(clock, "exact", "k"), input=value)
-    await driver.enqueue_many([queued] if alone else [queued, request(clock, "other", "k2")])
+    await driver.enqueue_many(
+        [queued, *(request(clock, f"other-{n}", f"k{n}") for n in range(others))]
+    )
     claimed = next(
         job
-        for job in (await driver.claim(worker_id="w", slots={"q": 2}, visibility_timeout=30)).jobs
+        for job in (
+            await driver.claim(worker_id="w", slots={"q": others + 1}, visibility_timeout=30)
+        ).jobs
         if job.id == "exact"
     )
     assert claimed.input == value

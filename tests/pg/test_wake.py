@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import timedelta
 from typing import Any
 
 import psycopg
 import pytest
 
-from ultimat3.jobs.core import EnqueueRequest, FrozenClock, JobState, QueueWake, new_id
+from ultimat3.jobs.core import Enqueued, EnqueueRequest, FrozenClock, JobState, QueueWake, new_id
 from ultimat3.jobs.core.wake import on_wake_lost
 from ultimat3.jobs.pg import PgQueueWake, PostgresJobDriver, postgres_job_driver, start_queue_wake
 
@@ -80,91 +80,117 @@ async def test_the_wake_goes_live_once_its_probe_comes_back(wake: PgQueueWake) -
     assert wake.live
 
 
+Enqueue = Callable[[PostgresJobDriver, EnqueueRequest], Awaitable[Enqueued]]
+
+COPIED_BATCH = 200
+"""A batch this large goes in by COPY (``test_enqueue_many.py`` checks that it does)."""
+
+
+@pytest.fixture(params=["alone", "in a copied batch"])
+def enqueue(request: pytest.FixtureRequest) -> Enqueue:
+    """How a test's rows go in: alone (SQL_ENQUEUE_ONE), or first in a batch that is copied
+    (SQL_ENQUEUE_ANNOUNCE, then SQL_ENQUEUE_COPY), the rest of which is due too late to be
+    announced; a row that meets another sends that batch to SQL_ENQUEUE."""
+    if request.param == "alone":
+        return lambda driver, row: driver.enqueue(row)
+
+    async def copied(driver: PostgresJobDriver, row: EnqueueRequest) -> Enqueued:
+        later = FrozenClock(row.run_at)
+        rest = [job(later, "filler", delay=86_400) for _ in range(COPIED_BATCH - 1)]
+        return (await driver.enqueue_many([row, *rest]))[0]
+
+    return copied
+
+
 async def test_an_enqueue_announces_its_queue(
-    wake: PgQueueWake, driver: PostgresJobDriver, clock: FrozenClock
+    wake: PgQueueWake, driver: PostgresJobDriver, clock: FrozenClock, enqueue: Enqueue
 ) -> None:
     heard = Heard(wake)
-    await driver.enqueue(job(clock, "emails"))
+    await enqueue(driver, job(clock, "emails"))
     assert await heard.next() == "emails"
 
 
 async def test_a_second_row_in_the_same_slot_is_silent(
-    wake: PgQueueWake, driver: PostgresJobDriver, clock: FrozenClock
+    wake: PgQueueWake, driver: PostgresJobDriver, clock: FrozenClock, enqueue: Enqueue
 ) -> None:
     heard = Heard(wake)
-    await driver.enqueue(job(clock, "q"))
-    await driver.enqueue(job(clock, "q"))
-    await driver.enqueue(job(clock, "marker"))
+    await enqueue(driver, job(clock, "q"))
+    await enqueue(driver, job(clock, "q"))
+    await enqueue(driver, job(clock, "marker"))
     assert [await heard.next(), await heard.next()] == ["q", "marker"]
 
 
 async def test_a_row_finding_nothing_waiting_is_announced_even_inside_a_slot(
-    wake: PgQueueWake, driver: PostgresJobDriver, clock: FrozenClock
+    wake: PgQueueWake, driver: PostgresJobDriver, clock: FrozenClock, enqueue: Enqueue
 ) -> None:
     heard = Heard(wake)
-    await driver.enqueue(job(clock, "q"))
+    await enqueue(driver, job(clock, "q"))
     assert await heard.next() == "q"
     assert (await driver.claim(worker_id="w", slots={"q": 1}, visibility_timeout=30)).jobs
-    await driver.enqueue(job(clock, "q"))
+    await enqueue(driver, job(clock, "q"))
     assert await heard.next() == "q"
 
 
 async def test_the_next_slot_announces_again(
-    wake: PgQueueWake, driver: PostgresJobDriver, clock: FrozenClock
+    wake: PgQueueWake, driver: PostgresJobDriver, clock: FrozenClock, enqueue: Enqueue
 ) -> None:
     heard = Heard(wake)
-    await driver.enqueue(job(clock, "q"))
+    await enqueue(driver, job(clock, "q"))
     clock.advance(0.25)
-    await driver.enqueue(job(clock, "q"))
+    await enqueue(driver, job(clock, "q"))
     assert [await heard.next(), await heard.next()] == ["q", "q"]
 
 
 async def test_a_row_of_an_earlier_slot_falling_due_does_not_silence_a_new_one(
-    wake: PgQueueWake, driver: PostgresJobDriver, clock: FrozenClock
+    wake: PgQueueWake, driver: PostgresJobDriver, clock: FrozenClock, enqueue: Enqueue
 ) -> None:
     """Its announcement went out when it was enqueued, before it was due: the worker that heard
     it found nothing to take and is not coming back for it."""
     heard = Heard(wake)
-    await driver.enqueue(job(clock, "q", delay=0.9))
+    await enqueue(driver, job(clock, "q", delay=0.9))
     assert await heard.next() == "q"
     clock.advance(0.9)  # the row is due now, and its run_at lies in this new slot
-    await driver.enqueue(job(clock, "q"))
+    await enqueue(driver, job(clock, "q"))
     assert await heard.next() == "q"
 
 
 async def test_an_enqueuer_whose_clock_runs_ahead_does_not_silence_the_others(
-    wake: PgQueueWake, driver: PostgresJobDriver, clock: FrozenClock, pg_url: str
+    wake: PgQueueWake,
+    driver: PostgresJobDriver,
+    clock: FrozenClock,
+    pg_url: str,
+    enqueue: Enqueue,
 ) -> None:
     heard = Heard(wake)
     ahead = postgres_job_driver(pg_url, clock=FrozenClock(clock.now() + timedelta(minutes=5)))
     try:
-        await driver.enqueue(job(clock, "q"))  # a row waits: only a new slot announces
-        await ahead.enqueue(job(clock, "q"))
+        await enqueue(driver, job(clock, "q"))  # a row waits: only a new slot announces
+        await enqueue(ahead, job(clock, "q"))
         assert [await heard.next(), await heard.next()] == ["q", "q"]
         clock.advance(0.25)
-        await driver.enqueue(job(clock, "q"))
+        await enqueue(driver, job(clock, "q"))
         assert await heard.next() == "q"
     finally:
         await ahead.close()
 
 
 async def test_a_row_due_later_is_not_announced(
-    wake: PgQueueWake, driver: PostgresJobDriver, clock: FrozenClock
+    wake: PgQueueWake, driver: PostgresJobDriver, clock: FrozenClock, enqueue: Enqueue
 ) -> None:
     heard = Heard(wake)
-    await driver.enqueue(job(clock, "q", delay=5))
-    await driver.enqueue(job(clock, "marker"))
+    await enqueue(driver, job(clock, "q", delay=5))
+    await enqueue(driver, job(clock, "marker"))
     assert await heard.next() == "marker"
 
 
 async def test_a_dedupe_is_silent(
-    wake: PgQueueWake, driver: PostgresJobDriver, clock: FrozenClock
+    wake: PgQueueWake, driver: PostgresJobDriver, clock: FrozenClock, enqueue: Enqueue
 ) -> None:
     heard = Heard(wake)
-    await driver.enqueue(job(clock, "q", key="k"))
+    await enqueue(driver, job(clock, "q", key="k"))
     clock.advance(1)
-    assert (await driver.enqueue(job(clock, "q", key="k"))).deduped
-    await driver.enqueue(job(clock, "marker"))
+    assert (await enqueue(driver, job(clock, "q", key="k"))).deduped
+    await enqueue(driver, job(clock, "marker"))
     assert [await heard.next(), await heard.next()] == ["q", "marker"]
 
 

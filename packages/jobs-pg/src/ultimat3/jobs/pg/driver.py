@@ -1,7 +1,7 @@
 """The Postgres job driver: the core's ``JobDriver`` over psycopg 3 (async) and psycopg-pool.
 
 Each of its operations is one statement (``sql_*.py`` holds every one verbatim; ``enqueue_many``
-sends one per chunk and round), and each takes ``now`` from the driver's clock as a parameter —
+sends one per chunk and round, or a COPY for a large round), and each takes ``now`` from the driver's clock as a parameter —
 the server's ``now()`` decides nothing, so a frozen clock drives this driver exactly as it drives
 the memory driver.
 
@@ -18,6 +18,8 @@ from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime, timedelta
 from operator import itemgetter
 from typing import Any
+
+from psycopg.errors import UniqueViolation
 
 from ultimat3.jobs.core.clock import SYSTEM_CLOCK, Clock
 from ultimat3.jobs.core.coalesce import Coalescer
@@ -55,7 +57,9 @@ from .executor import (
 from .introspect import PostgresIntrospection
 from .leases import PostgresLeaseStore
 from .rows import (
+    announce_params,
     claimed_job,
+    copy_rows,
     enqueue_answers,
     enqueue_one_params,
     enqueue_params,
@@ -63,7 +67,13 @@ from .rows import (
     utc,
 )
 from .sql_claim import SQL_CLAIM, SQL_CLAIM_HELD
-from .sql_enqueue import SQL_ENQUEUE, SQL_ENQUEUE_ONE
+from .sql_enqueue import (
+    ENQUEUE_COPY_TYPES,
+    SQL_ENQUEUE,
+    SQL_ENQUEUE_ANNOUNCE,
+    SQL_ENQUEUE_COPY,
+    SQL_ENQUEUE_ONE,
+)
 from .sql_read import SQL_STATS
 from .sql_settle import SQL_ACK, SQL_HEARTBEAT, SQL_NACK, SQL_SAVE_STEP, SQL_UNCLAIMED_STATES
 from .unanswered import UnansweredClaims
@@ -77,6 +87,9 @@ _ENQUEUE_CHUNK = 5_000
 """Requests per enqueue statement: large enough that a fan-out is a handful of statements, small
 enough that one statement's arrays stay a few megabytes."""
 _ENQUEUE_RETRIES = 10
+_COPY_FROM = 100
+"""Requests in one round from which it is first tried by COPY (``SQL_ENQUEUE_COPY``): below, the
+one statement costs less than the COPY's transaction of three."""
 
 _Ack = tuple[str, str, str, int | None]
 _Nack = tuple[str, NackOptions]
@@ -173,9 +186,13 @@ class PostgresJobDriver:
         positions: Sequence[int],
         answers: list[Enqueued | None],
     ) -> None:
-        """One statement for requests that share no id and no live key; a request whose answer
-        committed after the statement's snapshot is asked again."""
+        """One COPY or one statement for requests that share no id and no live key; a request
+        whose answer committed after the statement's snapshot is asked again."""
         todo = list(positions)
+        if len(todo) >= _COPY_FROM and await self._copied([requests[i] for i in todo]):
+            for position in todo:
+                answers[position] = Enqueued(requests[position].id, requests[position].run_id)
+            return
         for _ in range(_ENQUEUE_RETRIES):
             batch = [requests[i] for i in todo]
             now = self._clock.now()
@@ -199,6 +216,22 @@ class PostgresJobDriver:
             f"enqueue of {len(todo)} job(s) kept colliding with rows committed concurrently; "
             "retry the enqueue"
         )
+
+    async def _copied(self, batch: Sequence[EnqueueRequest]) -> bool:
+        """Whether ``batch`` went in by COPY, each request inserting its own row. False when one
+        of them met a row (its id taken, its key held by a live row): nothing went in, and the
+        statement answers each request."""
+        now = self._clock.now()
+        try:
+            await self._executor.copy(
+                SQL_ENQUEUE_COPY,
+                copy_rows(batch, now),
+                types=ENQUEUE_COPY_TYPES,
+                first=(SQL_ENQUEUE_ANNOUNCE, announce_params(batch, now)),
+            )
+        except UniqueViolation:
+            return False
+        return True
 
     # -- claim ------------------------------------------------------------------------------
 

@@ -310,6 +310,31 @@ class PgExecutor:
 
         return await self._retrying(go, idempotent=idempotent)
 
+    async def copy(
+        self,
+        statement: str,
+        rows: Sequence[Sequence[Any]],
+        *,
+        types: Sequence[str],
+        first: tuple[str, Params] | None = None,
+    ) -> None:
+        """``rows`` written by ``statement``, a ``COPY .. FROM STDIN (FORMAT BINARY)`` whose
+        columns are of ``types``, in ONE transaction that runs ``first`` before it. An error
+        rolls back both; a lost connection raises ``AnswerLostError``, as any write does."""
+        wire = on_the_wire(statement)
+
+        async def go(session: _Session) -> None:
+            conn = session.conn
+            async with conn.transaction():
+                if first is not None:
+                    await conn.execute(on_the_wire(first[0]), first[1], prepare=self._prepare)
+                async with conn.cursor() as cursor, cursor.copy(wire) as copy:
+                    copy.set_types(types)
+                    for row in rows:
+                        await copy.write_row(row)
+
+        await self._retrying(go, idempotent=False)
+
     async def _retrying(self, work: Callable[[_Session], Awaitable[T]], *, idempotent: bool) -> T:
         """``work`` in a session; once more in another when the server rolled it back (nothing
         was applied), or when its connection died and ``work`` is idempotent.

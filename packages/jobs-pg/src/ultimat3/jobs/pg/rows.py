@@ -25,8 +25,10 @@ from ultimat3.jobs.core.model import (
 )
 
 __all__ = [
+    "announce_params",
     "backfill_row",
     "claimed_job",
+    "copy_rows",
     "enqueue_answers",
     "enqueue_one_params",
     "enqueue_params",
@@ -81,6 +83,46 @@ def enqueue_params(requests: Sequence[EnqueueRequest], now: datetime) -> dict[st
     """What SQL_ENQUEUE (and the scheduler's fire, which inserts by its rules) takes for
     ``requests`` enqueued at ``now``: the ``rows`` document and the wake's parameters."""
     return {"rows": enqueue_rows(requests), **wake_params(now)}
+
+
+def copy_rows(requests: Sequence[EnqueueRequest], now: datetime) -> list[tuple[Any, ...]]:
+    """The rows SQL_ENQUEUE_COPY writes for ``requests`` enqueued at ``now``: what SQL_ENQUEUE
+    would insert for them, in the order it would (by name, tenant, key; str order is the byte
+    order of the "C" collation)."""
+    rows = [
+        (
+            r.id,
+            r.run_id,
+            r.name,
+            r.queue,
+            "delayed" if r.run_at > now else "ready",
+            0,
+            r.max_attempts,
+            r.run_at,
+            now,
+            now,
+            r.idempotency_key,
+            r.tenant_id,
+            json_text(r.input),
+            r.enqueued_by,
+            r.traceparent,
+        )
+        for r in requests
+    ]
+    rows.sort(key=_key_order)
+    return rows
+
+
+def _key_order(row: tuple[Any, ...]) -> tuple[str, str, str]:
+    return row[2], row[11] or "", row[10]
+
+
+def announce_params(requests: Sequence[EnqueueRequest], now: datetime) -> dict[str, Any]:
+    """What SQL_ENQUEUE_ANNOUNCE takes before ``requests`` are copied at ``now``: the queues of
+    those due within WAKE_DUE_WITHIN_S."""
+    wake = wake_params(now)
+    due_by = wake.pop("due_by")
+    return {"queues": sorted({r.queue for r in requests if r.run_at <= due_by}), **wake}
 
 
 def enqueue_one_params(request: EnqueueRequest, now: datetime) -> dict[str, Any]:

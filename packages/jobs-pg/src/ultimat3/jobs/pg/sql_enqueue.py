@@ -2,18 +2,25 @@
 
 ``SQL_ENQUEUE`` takes a batch as one JSON document; ``SQL_ENQUEUE_ONE`` takes a single request as
 plain parameters, which a lone enqueue runs faster (no document to parse, and a plan made for one
-row). The scheduler's fire (``sql_scheduler.py``) inserts its jobs by the same rules, so
-the parts the statements share are kept here once: the request document, the insert, the
-announcement and the refusals (``ENQUEUE_REQUEST``, ``ENQUEUE_WRITE``, ``ENQUEUE_HOLDER``).
+row). A large batch whose requests all insert their own rows goes by ``SQL_ENQUEUE_COPY``
+after ``SQL_ENQUEUE_ANNOUNCE``, in one transaction, and falls back to ``SQL_ENQUEUE`` when one
+of them meets a row. The scheduler's fire (``sql_scheduler.py``) inserts its jobs by the same
+rules, so the parts the statements share are kept here once: the request document, the insert,
+the announcement's probe and the refusals (``ENQUEUE_REQUEST``, ``ENQUEUE_WRITE``,
+``ENQUEUE_WAITING``, ``ENQUEUE_HOLDER``).
 """
 
 from __future__ import annotations
 
 __all__ = [
+    "ENQUEUE_COPY_TYPES",
     "ENQUEUE_HOLDER",
     "ENQUEUE_REQUEST",
+    "ENQUEUE_WAITING",
     "ENQUEUE_WRITE",
     "SQL_ENQUEUE",
+    "SQL_ENQUEUE_ANNOUNCE",
+    "SQL_ENQUEUE_COPY",
     "SQL_ENQUEUE_ONE",
     "WAKE_CHANNEL",
 ]
@@ -56,6 +63,34 @@ ENQUEUE_HOLDER = """
     limit 1"""
 """A lateral subquery over a request ``r``: the row that was there (at most one)."""
 
+ENQUEUE_WAITING = """
+    -- Over a queue a.queue the enqueue fills: whether a row of it created in this wake slot,
+    -- already due, still waits. If one does, whoever committed that row announced the queue (or
+    -- was silenced, in turn, by an earlier row of the slot that did), so a woken worker is
+    -- coming for it, and the queue is not announced again. That covers a burst (its first row
+    -- announces, the rest stay silent) and a worker that took everything and may be back asleep
+    -- (nothing of the slot waits: announce). The probe must not see the enqueue's own rows:
+    -- SQL_ENQUEUE's snapshot does not, and SQL_ENQUEUE_ANNOUNCE runs before its COPY. One probe
+    -- per queue on the waiting rows' index (x_jobs_claim_idx), bounded to the slot on both sides
+    -- of run_at and stopping at the first row: a NOT EXISTS could be planned as an anti-join
+    -- over the whole backlog, and the ORDER BY keeps the planner on that index rather than
+    -- reading the table from its start (through every finished row) when its statistics say
+    -- many rows wait. The rows an enqueuer whose clock runs ahead or behind queues for its own
+    -- now fall outside another one's slot, so they never silence it. A row due before its slot
+    -- began (run_at set in the past) is outside it too: it silences nothing, so a run of such
+    -- enqueues announces each time.
+    select count(*) as waiting
+    from (
+        select 1 from x_jobs j
+        where j.queue = a.queue
+          and j.state in ('ready', 'delayed', 'suspended')
+          and j.run_at >= %(slot_start)s and j.run_at <= %(now)s
+          and j.created_at >= %(slot_start)s
+        order by j.run_at
+        limit 1
+    ) first_waiting"""
+"""A lateral subquery over a queue ``a``: one row, ``waiting`` 0 when the queue is announced."""
+
 ENQUEUE_WRITE = f"""\
 inserted as (
     -- Rows go in key order, not request order: two enqueues whose batches share keys then wait
@@ -75,33 +110,9 @@ inserted as (
     returning id, run_id, queue, run_at
 ),
 announce as (
-    -- A queue is announced unless a row of it created in this wake slot, already due, still
-    -- waits: whoever committed that row announced the queue (or was silenced, in turn, by an
-    -- earlier row of the slot that did), so a woken worker is coming for it. That covers a
-    -- burst (its first row announces, the rest stay silent) and a worker that took everything
-    -- and may be back asleep (nothing of the slot waits: announce). This statement's snapshot
-    -- does not see its own rows. One probe per queue on the waiting rows' index
-    -- (x_jobs_claim_idx), bounded to the slot on both sides of run_at and stopping at the
-    -- first row: a NOT EXISTS could be planned as an anti-join over the whole backlog, and the
-    -- ORDER BY keeps the planner on that index rather than reading the table from its start
-    -- (through every finished row) when its statistics say many rows wait. The rows
-    -- an enqueuer whose clock runs ahead or behind queues for its own now fall outside another
-    -- one's slot, so they never silence it. A row due before its slot began (run_at set in the
-    -- past) is outside it too: it silences nothing, so a run of such enqueues announces each
-    -- time.
     select a.queue
     from (select distinct queue from inserted where run_at <= %(due_by)s) a
-    cross join lateral (
-        select count(*) as waiting
-        from (
-            select 1 from x_jobs j
-            where j.queue = a.queue
-              and j.state in ('ready', 'delayed', 'suspended')
-              and j.run_at >= %(slot_start)s and j.run_at <= %(now)s
-              and j.created_at >= %(slot_start)s
-            order by j.run_at
-            limit 1
-        ) first_waiting
+    cross join lateral ({ENQUEUE_WAITING}
     ) probe
     where probe.waiting = 0
 ),
@@ -177,4 +188,43 @@ with request as (
 select a.queues, f.ord, f.id, f.run_id
 from announced a
 left join refused f on true
+"""
+
+SQL_ENQUEUE_COPY = """
+-- A batch whose every request inserts its own row — the usual fan-out — written by COPY, which
+-- the server inserts while the client still sends: an INSERT of the same rows waits until the
+-- client has encoded all of them. Run in one transaction after SQL_ENQUEUE_ANNOUNCE. The rows
+-- are those SQL_ENQUEUE would insert (state 'delayed' when run_at is past now, else 'ready';
+-- attempt 0; created_at and updated_at now), in the same key order, so a COPY and an enqueue
+-- sharing keys cannot deadlock either.
+-- A COPY cannot skip a row: a request whose id already names a row, or whose key a LIVE row
+-- holds, fails it whole with a unique violation (the same two indexes SQL_ENQUEUE's ON
+-- CONFLICT arbitrates, so two racing enqueues still cannot both insert). Nothing of it is then
+-- applied, the announcement included, and the batch goes to SQL_ENQUEUE, which answers each
+-- request.
+copy x_jobs (
+    id, run_id, name, queue, state, attempt, max_attempts, run_at, created_at, updated_at,
+    idempotency_key, tenant_id, input, enqueued_by, traceparent
+) from stdin (format binary)
+"""
+
+ENQUEUE_COPY_TYPES = (
+    "text", "text", "text", "text", "text", "int4", "int4", "timestamptz", "timestamptz",
+    "timestamptz", "text", "text", "text", "text", "text",
+)  # fmt: skip
+"""How SQL_ENQUEUE_COPY's columns are sent, in its order. The input goes as text: the binary
+form of ``json`` is its text, so the JSON text the client made is stored byte for byte (sent as
+``json``, psycopg would encode it again, as a JSON string)."""
+
+SQL_ENQUEUE_ANNOUNCE = f"""
+-- Parameters: queues, those of the rows SQL_ENQUEUE_COPY is about to write that are due by
+-- now + WAKE_DUE_WITHIN_S (distinct); now and slot_start as SQL_ENQUEUE takes them.
+-- SQL_ENQUEUE's announcement, run in the COPY's transaction BEFORE the COPY, so that it does
+-- not see the rows it announces: the same queues are announced, by the same rule, and the
+-- NOTIFYs are delivered on commit (or dropped with the COPY). Answers how many were.
+select count(pg_notify('x_jobs_wake', a.queue)) as queues
+from unnest(%(queues)s::text[]) as a (queue)
+cross join lateral ({ENQUEUE_WAITING}
+) probe
+where probe.waiting = 0
 """
