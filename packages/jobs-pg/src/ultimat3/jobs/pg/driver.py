@@ -1,9 +1,9 @@
 """The Postgres job driver: the core's ``JobDriver`` over psycopg 3 (async) and psycopg-pool.
 
 Each of its operations is one statement (``sql_*.py`` holds every one verbatim; ``enqueue_many``
-sends one per chunk and round, or a COPY for a large round), and each takes ``now`` from the driver's clock as a parameter —
-the server's ``now()`` decides nothing, so a frozen clock drives this driver exactly as it drives
-the memory driver.
+sends one per chunk and round, or a COPY for a large round), and each takes ``now`` from the
+driver's clock as a parameter — the server's ``now()`` decides nothing, so a frozen clock drives
+this driver exactly as it drives the memory driver.
 
 Settles and lease renewals are batched: concurrent ``ack()`` calls of one process become one
 statement (``Coalescer``), every row in it still fenced on its own claim and every caller told
