@@ -202,17 +202,18 @@ def cost_between(
 
 
 class StatementCounter:
-    """Counts the statements an executor sends (every one of them is its own transaction)."""
+    """Counts the statements an executor sends: a fetch is one (its own transaction), a COPY one
+    more with the statement run first in its transaction."""
 
     def __init__(self, executor: PgExecutor) -> None:
         self.count = 0
-        for method in ("fetch", "fetch_dicts"):
+        for method in ("fetch", "fetch_dicts", "copy"):
             original = getattr(executor, method)
             setattr(executor, method, self._counting(original))
 
     def _counting(self, original: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
         async def counted(*args: Any, **kwargs: Any) -> Any:
-            self.count += 1
+            self.count += 2 if kwargs.get("first") else 1
             return await original(*args, **kwargs)
 
         return counted

@@ -520,6 +520,13 @@ def _rounds(requests: Sequence[EnqueueRequest], positions: range) -> list[list[i
     """The positions split into rounds in which no two requests share an id or a live key, each
     request in a later round than every earlier request it shares one with — so running the
     rounds in order answers every request exactly as enqueueing them one by one would."""
+    batch = [requests[position] for position in positions]
+    if (
+        len({r.id for r in batch})
+        == len(batch)
+        == len({(r.name, r.tenant_id or "", r.idempotency_key) for r in batch})
+    ):
+        return [list(positions)]  # the usual batch, told in a third of the time
     rounds: list[list[int]] = []
     last_round: dict[tuple[str, ...], int] = {}
     for position in positions:
