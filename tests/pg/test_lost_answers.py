@@ -77,6 +77,21 @@ async def test_an_enqueue_whose_answer_was_lost_raises_and_is_not_answered_as_a_
     assert await count(lossy, "select count(*) from x_jobs") == 1
 
 
+async def test_a_copied_batch_whose_connection_died_raises_and_applied_all_or_nothing(
+    lossy: PostgresJobDriver, faults: Faults, clock: FrozenClock
+) -> None:
+    """The connection dies under the COPY's transaction (here after its announcement): the
+    enqueue raises rather than answering, and enqueued again, every request answers alike."""
+    batch = [request(clock, n) for n in range(200)]
+    faults.lose_answers()
+    with pytest.raises(DriverUnavailableError, match="may have been applied"):
+        await lossy.enqueue_many(batch)
+    assert await count(lossy, "select count(*) from x_jobs") in (0, len(batch))
+    answers = await lossy.enqueue_many(batch)
+    assert len({answer.deduped for answer in answers}) == 1
+    assert await count(lossy, "select count(*) from x_jobs") == len(batch)
+
+
 async def test_a_bulk_remove_whose_answer_was_lost_removes_one_batch_only(
     lossy: PostgresJobDriver, faults: Faults, clock: FrozenClock
 ) -> None:
