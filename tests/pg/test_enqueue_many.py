@@ -26,7 +26,12 @@ from ultimat3.jobs.core import (
 )
 from ultimat3.jobs.pg import PostgresJobDriver, postgres_job_driver
 from ultimat3.jobs.pg.rows import enqueue_one_params, enqueue_params
-from ultimat3.jobs.pg.sql_enqueue import SQL_ENQUEUE, SQL_ENQUEUE_COPY, SQL_ENQUEUE_ONE
+from ultimat3.jobs.pg.sql_enqueue import (
+    SQL_ENQUEUE,
+    SQL_ENQUEUE_COPY,
+    SQL_ENQUEUE_HELD,
+    SQL_ENQUEUE_ONE,
+)
 
 COPIED_BATCH = 200
 """Requests enough for a batch to be tried by COPY first."""
@@ -225,6 +230,33 @@ async def test_an_input_reads_back_exactly_as_it_was_enqueued(
     )
     assert claimed.input == value
     assert json.dumps(claimed.input) == json.dumps(value)
+
+
+@pytest.mark.parametrize("holder_finished", [False, True], ids=["held", "finished meanwhile"])
+async def test_a_lone_enqueue_that_met_a_row_names_it_or_asks_again(
+    driver: PostgresJobDriver,
+    clock: FrozenClock,
+    monkeypatch: pytest.MonkeyPatch,
+    holder_finished: bool,
+) -> None:
+    """SQL_ENQUEUE_ONE answers only whether it inserted; SQL_ENQUEUE_HELD then names the live row
+    holding the key. When that row finished in between, nothing holds the key any more: the
+    enqueue asks again, and inserts."""
+    await driver.enqueue(request(clock, "first", "k"))
+    [first] = (await driver.claim(worker_id="w", slots={"q": 1}, visibility_timeout=30)).jobs
+    fetch = driver.executor.fetch
+
+    async def finishing_first(query: str, params: Any = None, **options: Any) -> Any:
+        if query == SQL_ENQUEUE_HELD and holder_finished:
+            await driver.ack(first.id, AckOptions(first.claim.worker_id, first.claim.claim))
+        return await fetch(query, params, **options)
+
+    monkeypatch.setattr(driver.executor, "fetch", finishing_first)
+    second = await driver.enqueue(request(clock, "second", "k"))
+    if holder_finished:
+        assert second == Enqueued("second", "run-second")
+    else:
+        assert second == Enqueued("first", "run-first", deduped=True)
 
 
 async def test_an_empty_batch_answers_nothing(driver: PostgresJobDriver) -> None:

@@ -72,6 +72,7 @@ from .sql_enqueue import (
     SQL_ENQUEUE,
     SQL_ENQUEUE_ANNOUNCE,
     SQL_ENQUEUE_COPY,
+    SQL_ENQUEUE_HELD,
     SQL_ENQUEUE_ONE,
 )
 from .sql_read import SQL_STATS
@@ -197,12 +198,10 @@ class PostgresJobDriver:
             batch = [requests[i] for i in todo]
             now = self._clock.now()
             if len(batch) == 1:
-                rows = await self._executor.fetch(
-                    SQL_ENQUEUE_ONE, enqueue_one_params(batch[0], now)
-                )
+                refused = await self._enqueue_one(batch[0], now)
             else:
                 rows = await self._executor.fetch(SQL_ENQUEUE, enqueue_params(batch, now))
-            refused = [row[1:] for row in rows if row[1] is not None]
+                refused = [row[1:] for row in rows if row[1] is not None]
             unanswered = []
             for position, answer in zip(todo, enqueue_answers(batch, refused), strict=True):
                 if answer is None:
@@ -216,6 +215,26 @@ class PostgresJobDriver:
             f"enqueue of {len(todo)} job(s) kept colliding with rows committed concurrently; "
             "retry the enqueue"
         )
+
+    async def _enqueue_one(self, request: EnqueueRequest, now: datetime) -> list[tuple[Any, ...]]:
+        """A lone request, answered as SQL_ENQUEUE answers it: no row when it inserted, else
+        ``(1, id, run_id)`` of the row it met (both None when that one is gone: ask again)."""
+        [(inserted, _)] = await self._executor.fetch(
+            SQL_ENQUEUE_ONE, enqueue_one_params(request, now)
+        )
+        if inserted:
+            return []
+        held = await self._executor.fetch(
+            SQL_ENQUEUE_HELD,
+            {
+                "id": request.id,
+                "name": request.name,
+                "tenant_id": request.tenant_id,
+                "idempotency_key": request.idempotency_key,
+            },
+            idempotent=True,
+        )
+        return [(1, *held[0])] if held else [(1, None, None)]
 
     async def _copied(self, batch: Sequence[EnqueueRequest]) -> bool:
         """Whether ``batch`` went in by COPY, each request inserting its own row. False when one
