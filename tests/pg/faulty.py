@@ -7,7 +7,7 @@ dropped before they are sent, so they never run — and their caller cannot tell
 ``Faults.abandon_next(once_blocked)``: the next statement is sent whole, and once
 ``once_blocked()`` returns its connection dies on the client's side only, while the server goes
 on with it and commits it when it can. Every error the server raised is kept in
-``Faults.errors``.
+``Faults.errors``, a COPY's too.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
-from psycopg import AsyncCursor
+from psycopg import AsyncCopy, AsyncCursor
 from psycopg_pool import AsyncConnectionPool
 
 __all__ = ["Faults", "faulty_pool"]
@@ -72,6 +72,17 @@ class Faults:
                     await self.connection.close()
                     raise psycopg.OperationalError("server closed the connection unexpectedly")
                 return self
+
+            @asynccontextmanager
+            async def copy(
+                self, statement: Any, params: Any = None, *, writer: Any = None
+            ) -> AsyncIterator[AsyncCopy]:
+                try:
+                    async with super().copy(statement, params, writer=writer) as copy:
+                        yield copy
+                except psycopg.Error as exc:
+                    faults.errors.append(exc)
+                    raise
 
         return FaultyCursor
 

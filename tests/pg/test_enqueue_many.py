@@ -13,7 +13,7 @@ import psycopg
 import pytest
 from pg.faulty import Faults, faulty_pool
 from pg.plans import scans_run
-from psycopg.errors import DeadlockDetected
+from psycopg.errors import DeadlockDetected, UniqueViolation
 
 from ultimat3.jobs.core import (
     AckOptions,
@@ -282,6 +282,8 @@ async def test_batches_racing_on_the_same_keys_never_deadlock(
             inserted = [a for batch in answers for a in batch if not a.deduped]
             assert len(inserted) == len(keys)
     assert not [e for e in faults.errors if isinstance(e, DeadlockDetected)]
+    # Each round raced two COPYs (the loser fell back to the statement), not two statements.
+    assert len([e for e in faults.errors if isinstance(e, UniqueViolation)]) == 2
 
 
 async def enqueue_plan_scans(driver: PostgresJobDriver, clock: FrozenClock) -> list[Any]:
