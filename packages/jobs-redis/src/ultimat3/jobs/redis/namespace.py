@@ -14,7 +14,7 @@ from typing import Any, TypeAlias, cast
 from redis.asyncio import Redis, RedisCluster
 from ultimat3.jobs.core.clock import Clock
 from ultimat3.jobs.core.constants import COUNTER_TIERS
-from ultimat3.jobs.core.counters import bucket_start
+from ultimat3.jobs.core.counters import bucket_start_s
 
 from .codec import to_us
 from .scripts import ScriptRunner
@@ -86,8 +86,7 @@ class Namespace:
     ) -> Any:
         """Run script ``name`` with the header for ``now`` (default: the clock's now)."""
         at = self.clock.now() if now is None else now
-        bucket = bucket_start(at, _MINUTE)
-        header = (to_us(at), self._done_ttl_us, f"{_MINUTE}:{int(bucket.timestamp())}")
+        header = (to_us(at), self._done_ttl_us, f"{_MINUTE}:{bucket_start_s(at, _MINUTE)}")
         return await self._run(name, [self.base, *keys], [*header, *args])
 
     async def close(self) -> None:

@@ -291,8 +291,11 @@ local function insert_row(a)
   local jk = k_job(id)
   local held = redis.call('HGET', jk, 'run_id')
   if held then return {id, held, 1} end
-  local holder = redis.call('HGET', K_LIVE, lk)
-  if holder then return {holder, redis.call('HGET', k_job(holder), 'run_id'), 1} end
+  -- Takes the live key, or finds it held: one command for the check and the write.
+  if redis.call('HSETNX', K_LIVE, lk, id) == 0 then
+    local holder = redis.call('HGET', K_LIVE, lk)
+    return {holder, redis.call('HGET', k_job(holder), 'run_id'), 1}
+  end
   local run_at = ARGV[a + 8]
   local state = 'ready'
   if tonumber(run_at) > NOW_N then state = 'delayed' end
@@ -307,7 +310,6 @@ local function insert_row(a)
     end
   end
   redis.call('HSET', jk, unpack(row))
-  redis.call('HSET', K_LIVE, lk, id)
   redis.call('ZADD', k_due(q), run_at, id)
   redis.call('ZADD', k_state(q, state), NOW, id)
   redis.call('ZADD', K_CREATED, NOW, id)
