@@ -72,7 +72,8 @@ ENQUEUE_WAITING = """
     -- coming for it, and the queue is not announced again. That covers a burst (its first row
     -- announces, the rest stay silent) and a worker that took everything and may be back asleep
     -- (nothing of the slot waits: announce). The probe must not see the enqueue's own rows:
-    -- SQL_ENQUEUE's snapshot does not, and SQL_ENQUEUE_ANNOUNCE runs before its COPY. One probe
+    -- a statement's snapshot holds none of the rows its own insert writes (SQL_ENQUEUE,
+    -- SQL_ENQUEUE_ONE), and SQL_ENQUEUE_ANNOUNCE runs before its COPY. One probe
     -- per queue on the waiting rows' index (x_jobs_claim_idx), bounded to the slot on both sides
     -- of run_at and stopping at the first row: a NOT EXISTS could be planned as an anti-join
     -- over the whole backlog, and the ORDER BY keeps the planner on that index rather than
