@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from uuid import UUID, uuid4
@@ -14,8 +15,10 @@ from ultimat3.jobs.core import (
     Actor,
     Concurrency,
     DriverUnavailableError,
+    Enqueued,
     FrozenClock,
     JobConcurrencyKeyInvalidError,
+    JobDeclarationInvalidError,
     JobDuplicateError,
     JobFilter,
     JobInputInvalidError,
@@ -57,12 +60,12 @@ class Account(BaseModel):
 
 @job(
     input=Account,
-    idempotency_key=lambda i: f"sync:{i.account_id}",
+    idempotency_key=lambda i: f"sync:{len(i.account_id)}",
     tenant="none",
     concurrency=Concurrency(key=lambda i: i.account_id, limit=1),
 )
-async def sync_for_enqueue(*, input: Account) -> None:
-    return None
+async def sync_by_length_for_enqueue(*, input: Account) -> None:
+    """Its idempotency key holds none of the account id: a bad id reaches the concurrency key."""
 
 
 async def rows(driver: MemoryJobDriver) -> list[object]:
@@ -183,12 +186,20 @@ async def test_a_dict_input_is_validated_and_stored_in_its_json_form(
     assert detail.row.input == {"org_id": str(org)}
 
 
-@pytest.mark.parametrize("key", ["", "x" * 201])
-async def test_a_concurrency_key_that_is_empty_or_too_long_is_refused_at_enqueue(
+@pytest.mark.parametrize(
+    "key",
+    [
+        pytest.param("", id="empty"),
+        pytest.param("x" * 201, id="too long"),
+        pytest.param("a\x00b", id="a NUL"),
+        pytest.param("\ud800", id="a lone surrogate"),
+    ],
+)
+async def test_a_concurrency_key_no_lease_can_hold_is_refused_at_enqueue(
     driver: MemoryJobDriver, key: str
 ) -> None:
     with pytest.raises(JobConcurrencyKeyInvalidError) as caught:
-        await sync_for_enqueue.enqueue(Account(account_id=key))
+        await sync_by_length_for_enqueue.enqueue(Account(account_id=key))
     assert caught.value.code == "X_JOB_DECLARATION_INVALID"
     assert await rows(driver) == []
 
@@ -217,6 +228,36 @@ async def test_a_tenant_function_that_names_no_org_is_refused_at_enqueue(
         await bill_for_enqueue.enqueue(Invoice(org_id=org, number=1))
     assert caught.value.code == "X_JOB_TENANT_REQUIRED"
     assert caught.value.meta == {"job": "bill_for_enqueue"}
+    assert await rows(driver) == []
+
+
+UNSTORABLE = [
+    pytest.param("a\x00b", id="a NUL character"),
+    pytest.param("a\ud800b", id="a lone surrogate"),
+]
+"""Text no driver can store alike: Postgres refuses a NUL in a text column, UTF-8 has no lone
+surrogate, and the memory and Redis drivers would have taken both."""
+
+
+def enqueue_with(where: str, text: str) -> Awaitable[Enqueued]:
+    """An enqueue with ``text`` where ``where`` says."""
+    if where == "idempotency key":
+        return digest_for_enqueue.enqueue(Digest(day=text))
+    if where == "tenant":
+        return bill_for_enqueue.enqueue(Invoice(org_id=text, number=1))
+    if where == "queue":
+        return digest_for_enqueue.enqueue(Digest(day="d"), queue=text)
+    return digest_for_enqueue.enqueue(Digest(day="d"), run_id=text)
+
+
+@pytest.mark.parametrize("text", UNSTORABLE)
+@pytest.mark.parametrize("where", ["idempotency key", "tenant", "queue", "run_id"])
+async def test_text_no_driver_can_store_is_refused_at_enqueue(
+    driver: MemoryJobDriver, text: str, where: str
+) -> None:
+    with pytest.raises(JobDeclarationInvalidError) as caught:
+        await enqueue_with(where, text)
+    assert caught.value.code == "X_JOB_DECLARATION_INVALID"
     assert await rows(driver) == []
 
 

@@ -178,13 +178,22 @@ class JobHandle(registry.Declared, Generic[InputT, ResultT]):
         if self.tenant == "none":
             return None
         org: object = self.tenant(value)
-        return None if org is None else str(org)
+        if org is None:
+            return None
+        tenant = str(org)
+        if not _storable(tenant):
+            raise JobDeclarationInvalidError(
+                f"{self.name}: tenant(input) answered {tenant!r}, which {_UNSTORABLE}",
+                meta={"job": self.name},
+            )
+        return tenant
 
     def idempotency_key_of(self, value: InputT) -> str:
         key = self.idempotency_key(value)
-        if not isinstance(key, str) or not key:
+        if not isinstance(key, str) or not key or not _storable(key):
             raise JobDeclarationInvalidError(
-                f"{self.name}: idempotency_key(input) must answer a non-empty string, got {key!r}",
+                f"{self.name}: idempotency_key(input) must answer a non-empty string with no NUL "
+                f"character and no lone surrogate (every driver stores it as text), got {key!r}",
                 meta={"job": self.name},
             )
         return key
@@ -198,11 +207,16 @@ class JobHandle(registry.Declared, Generic[InputT, ResultT]):
         if cap.key is None:
             return job_lease_key(self.name), cap.limit, cap.when_busy
         key = cap.key(value)
-        if not isinstance(key, str) or not key or len(key) > MAX_CONCURRENCY_KEY_LENGTH:
+        if (
+            not isinstance(key, str)
+            or not key
+            or len(key) > MAX_CONCURRENCY_KEY_LENGTH
+            or not _storable(key)
+        ):
             raise JobConcurrencyKeyInvalidError(
                 f"{self.name}: concurrency.key(input) must answer a non-empty string of at most "
-                f"{MAX_CONCURRENCY_KEY_LENGTH} characters (an id, never a payload), "
-                f"got {key!r:.80}",
+                f"{MAX_CONCURRENCY_KEY_LENGTH} characters (an id, never a payload) with no NUL "
+                f"character and no lone surrogate, got {key!r:.80}",
                 meta={"job": self.name},
             )
         return job_lease_key(self.name, key), cap.limit, cap.when_busy
@@ -255,7 +269,7 @@ class JobHandle(registry.Declared, Generic[InputT, ResultT]):
             due = now
         return EnqueueRequest(
             id=new_id(),
-            run_id=run_id if run_id is not None else new_id(),
+            run_id=_check_name(run_id, "run_id") if run_id is not None else new_id(),
             name=self.name,
             queue=_check_name(queue, "queue") if queue is not None else self.queue,
             input=payload,
@@ -561,8 +575,28 @@ def _positive(value: Duration | None, field_name: str) -> float | None:
 
 
 def _check_name(value: Any, field_name: str) -> str:
-    if not isinstance(value, str) or not value.strip():
+    if not isinstance(value, str) or not value.strip() or not _storable(value):
         raise JobDeclarationInvalidError(
-            f"{field_name} must be a non-empty string, got {value!r}", meta={"field": field_name}
+            f"{field_name} must be a non-empty string with no NUL character and no lone "
+            f"surrogate, got {value!r}",
+            meta={"field": field_name},
         )
     return value
+
+
+_UNSTORABLE = "holds a NUL character or a lone surrogate, which no driver can store as text"
+
+
+def _storable(text: str) -> bool:
+    """Whether every driver can store ``text``: Postgres keeps no NUL character in a text
+    column, and a lone surrogate has no UTF-8 form. Refused at enqueue, with the job's name,
+    rather than by one driver's statement and not by another's."""
+    if "\x00" in text:
+        return False
+    if text.isascii():
+        return True
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
