@@ -183,7 +183,8 @@ class JobHandle(registry.Declared, Generic[InputT, ResultT]):
         tenant = str(org)
         if not _storable(tenant):
             raise JobDeclarationInvalidError(
-                f"{self.name}: tenant(input) answered {tenant!r}, which {_UNSTORABLE}",
+                f"{self.name}: tenant(input) answered {tenant!r}, which holds a NUL character or "
+                "a lone surrogate (Postgres stores neither as text)",
                 meta={"job": self.name},
             )
         return tenant
@@ -582,9 +583,6 @@ def _check_name(value: Any, field_name: str) -> str:
             meta={"field": field_name},
         )
     return value
-
-
-_UNSTORABLE = "holds a NUL character or a lone surrogate, which no driver can store as text"
 
 
 def _storable(text: str) -> bool:
