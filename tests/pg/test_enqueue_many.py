@@ -25,7 +25,7 @@ from ultimat3.jobs.core import (
     new_id,
 )
 from ultimat3.jobs.pg import PostgresJobDriver, postgres_job_driver
-from ultimat3.jobs.pg.rows import enqueue_one_params, enqueue_params
+from ultimat3.jobs.pg.rows import copy_rows, enqueue_one_params, enqueue_params
 from ultimat3.jobs.pg.sql_enqueue import (
     SQL_ENQUEUE,
     SQL_ENQUEUE_COPY,
@@ -70,7 +70,7 @@ def count_enqueue_writes(
 
     async def counted_copy(statement: str, rows: Any, **options: Any) -> None:
         if statement == SQL_ENQUEUE_COPY:
-            seen.append(("copy", len(rows)))
+            seen.append(("copy", sum(1 for _ in rows)))
         await copy(statement, rows, **options)
 
     monkeypatch.setattr(driver.executor, "fetch", counted_fetch)
@@ -132,6 +132,13 @@ async def test_a_copied_batch_that_meets_a_row_is_answered_by_the_statement(
     assert [answer.deduped for answer in answers].count(True) == 1
     assert writes == [("copy", COPIED_BATCH), ("statement", COPIED_BATCH)]
     assert await driver.stats() == await memory.stats()
+
+
+def test_the_copied_rows_are_in_key_order_and_can_be_read_again(clock: FrozenClock) -> None:
+    """A COPY run again (a deadlock victim) reads its rows again: they are no generator."""
+    rows = copy_rows([request(clock, "b", "k2"), request(clock, "a", "k1")], clock.now())
+    assert [row[0] for row in rows] == ["a", "b"]
+    assert list(rows) == list(rows)
 
 
 async def test_a_copy_that_fails_in_the_callers_transaction_leaves_it_usable(

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import select
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, NamedTuple, TypeAlias, TypeVar
 
@@ -313,14 +313,16 @@ class PgExecutor:
     async def copy(
         self,
         statement: str,
-        rows: Sequence[Sequence[Any]],
+        rows: Iterable[Sequence[Any]],
         *,
         types: Sequence[str],
         first: tuple[str, Params] | None = None,
     ) -> None:
         """``rows`` written by ``statement``, a ``COPY .. FROM STDIN (FORMAT BINARY)`` whose
         columns are of ``types``, in ONE transaction that runs ``first`` before it. An error
-        rolls back both; a lost connection raises ``AnswerLostError``, as any write does."""
+        rolls back both; a lost connection raises ``AnswerLostError``, as any write does.
+        ``rows`` is iterated again when the COPY runs again (a deadlock victim): not a
+        generator."""
         wire = on_the_wire(statement)
 
         async def go(session: _Session) -> None:
