@@ -98,8 +98,8 @@ def _key_order(request: EnqueueRequest) -> tuple[str, str, str]:
 
 class _CopyRows(Iterable[tuple[Any, ...]]):
     """Each row built as the COPY takes it, so the server inserts the first rows while the
-    client builds the rest (about a tenth off a batch of 1,000, measured); iterated again (a COPY run
-    again after a deadlock), it builds them again."""
+    client builds the rest (about a tenth off a batch of 1,000, measured); iterated again (a
+    COPY run again after a deadlock), it builds them again."""
 
     def __init__(self, requests: list[EnqueueRequest], now: datetime) -> None:
         self._requests, self._now = requests, now
