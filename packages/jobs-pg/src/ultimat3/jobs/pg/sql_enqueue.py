@@ -175,8 +175,9 @@ SQL_ENQUEUE_ONE = f"""
 -- SQL_ENQUEUE's insert and announcement for a lone request, by the same rules, answering only
 -- whether it inserted (1) or not (0) and how many queues it announced (0 or 1). A request that
 -- inserted nothing is answered by SQL_ENQUEUE_HELD, a statement of its own: a lone enqueue
--- almost always inserts, and the lookup of the row that was there (two index scans, a sort)
--- cost it a sixth of its time at the server even when it never ran.
+-- almost always inserts, and the lookup of the row that was there (two index scans, a sort),
+-- planned before the test of whether it inserted, cost every call a sixth of its time at the
+-- server.
 with inserted as (
     insert into x_jobs (
         id, run_id, name, queue, state, attempt, max_attempts, run_at, created_at, updated_at,
@@ -203,8 +204,8 @@ select (select count(*) from inserted) as inserted,
 SQL_ENQUEUE_HELD = f"""
 -- Parameters: id, name, tenant_id, idempotency_key of a request SQL_ENQUEUE_ONE did not insert.
 -- The row it met, as SQL_ENQUEUE answers a refused request: the row under its id first, else the
--- live row holding its key. No row: that one finished since (or had not committed when this
--- statement began); the enqueue asks again.
+-- live row holding its key (SQL_ENQUEUE_ONE's ON CONFLICT waited for it to commit). No row:
+-- that one finished, or was removed, since; the enqueue asks again.
 select e.id, e.run_id
 from (
     select %(id)s::text as id,
