@@ -64,6 +64,7 @@ from .rows import (
     enqueue_one_params,
     enqueue_params,
     exhausted_job,
+    live_key,
     utc,
 )
 from .sql_claim import SQL_CLAIM, SQL_CLAIM_HELD
@@ -541,20 +542,13 @@ def _rounds(requests: Sequence[EnqueueRequest], positions: range) -> list[list[i
     request in a later round than every earlier request it shares one with — so running the
     rounds in order answers every request exactly as enqueueing them one by one would."""
     batch = [requests[position] for position in positions]
-    if (
-        len({r.id for r in batch})
-        == len(batch)
-        == len({(r.name, r.tenant_id or "", r.idempotency_key) for r in batch})
-    ):
+    if len({r.id for r in batch}) == len(batch) == len({live_key(r) for r in batch}):
         return [list(positions)]  # the usual batch, told in an eighth of the time
     rounds: list[list[int]] = []
     last_round: dict[tuple[str, ...], int] = {}
     for position in positions:
         request = requests[position]
-        marks = (
-            ("id", request.id),
-            ("key", request.name, request.tenant_id or "", request.idempotency_key),
-        )
+        marks = (("id", request.id), ("key", *live_key(request)))
         index = max((last_round.get(mark, -1) for mark in marks), default=-1) + 1
         for mark in marks:
             last_round[mark] = index

@@ -35,6 +35,7 @@ __all__ = [
     "enqueue_rows",
     "exhausted_job",
     "job_row",
+    "live_key",
     "progress_json",
     "request_params",
     "step_record",
@@ -89,10 +90,12 @@ def copy_rows(requests: Sequence[EnqueueRequest], now: datetime) -> Iterable[tup
     """The rows SQL_ENQUEUE_COPY writes for ``requests`` enqueued at ``now``: what SQL_ENQUEUE
     would insert for them, in the order it would (by name, tenant, key; str order is the byte
     order of the "C" collation)."""
-    return _CopyRows(sorted(requests, key=_key_order), now)
+    return _CopyRows(sorted(requests, key=live_key), now)
 
 
-def _key_order(request: EnqueueRequest) -> tuple[str, str, str]:
+def live_key(request: EnqueueRequest) -> tuple[str, str, str]:
+    """The key a live row holds (name, tenant with None as '', idempotency key), as the partial
+    unique index reads it; sorted, the order batches insert in."""
     return request.name, request.tenant_id or "", request.idempotency_key
 
 
