@@ -70,7 +70,7 @@ from .errors import (
     LeaseLostError,
 )
 from .execute import JobExecution, announce_exhausted, execute_job, fail_job, refuse_job
-from .heap import freeze_startup_heap
+from .heap import tune_collector_for_worker
 from .ids import new_id
 from .job import AnyJobHandle
 from .lifecycle import (
@@ -404,8 +404,9 @@ class JobWorker:
         """Start, drain on SIGTERM/SIGINT (every role of the process), return once stopped.
 
         The process is a worker's, so what it built before (modules, declarations, the app) is
-        frozen out of the garbage collector's full collections (``heap.freeze_startup_heap``)."""
-        freeze_startup_heap()
+        frozen out of the garbage collector's full collections, and young collections wait for
+        more new objects (``heap.tune_collector_for_worker``)."""
+        tune_collector_for_worker()
         await self.start()
         remove = install_shutdown_signals()
         try:
