@@ -250,7 +250,7 @@ async def test_run_drains_on_sigterm_and_returns(
     driver: MemoryJobDriver, clock: FrozenClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     froze: list[bool] = []
-    monkeypatch.setattr(worker_module, "freeze_startup_heap", lambda: froze.append(True))
+    monkeypatch.setattr(worker_module, "tune_collector_for_worker", lambda: froze.append(True))
     body = Held()
     handle = item_job(body.run)
     worker = job_worker(driver=driver, context=lambda: None, jobs=[handle], clock=clock)
@@ -262,7 +262,7 @@ async def test_run_drains_on_sigterm_and_returns(
     assert isinstance(body.reasons[1], JobDrainedError)
     assert body.reasons[1].meta["signal"] == "SIGTERM"
     assert (await row(driver, queued.id)).state is JobState.READY
-    assert froze == [True]  # a process that runs a worker freezes what it built before
+    assert froze == [True]  # a process that runs a worker tunes its collector
 
 
 async def test_the_worker_leaves_the_driver_it_was_handed_open(
