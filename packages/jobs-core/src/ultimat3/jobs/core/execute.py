@@ -21,6 +21,7 @@ unwinding. ``on_settled`` runs only after the settle landed, under the job's ten
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import logging
 import time
@@ -168,6 +169,13 @@ class _Ending:
     error: BaseException | None = None
 
 
+@functools.lru_cache(maxsize=4_096)
+def _job_actor(name: str, org_id: str | None) -> Actor:
+    """Who a run of job ``name`` for ``org_id`` acts as. An actor is frozen, so one per pair
+    serves every run: a busy worker does not build (and format the id of) one per attempt."""
+    return Actor(id=f"job:{name}", org_id=org_id)
+
+
 async def execute_job(
     claimed: ClaimedJob,
     *,
@@ -214,7 +222,7 @@ async def execute_job(
                 f"names {declared!r}; re-enqueue it under the right org",
                 meta={"job": handle.name},
             )
-        actor = Actor(id=f"job:{handle.name}", org_id=declared)
+        actor = _job_actor(handle.name, declared)
     except Exception as exc:
         await _settle_failure(
             driver,
@@ -670,7 +678,7 @@ async def _tell(
     )
     org = handle.tenant_of(value) if value is not None else claimed.tenant_id
     last: BaseException | None = None
-    with use_actor(Actor(id=f"job:{handle.name}", org_id=org)):
+    with use_actor(_job_actor(handle.name, org)):
         for _ in range(ON_SETTLED_ATTEMPTS):
             try:
                 answer = hook(settled)

@@ -529,9 +529,12 @@ def _batch(
     rows.sort(key=lambda row: (order.get(row[4], len(order)), row[10], row[1]))
     jobs: list[ClaimedJob] = []
     exhausted: list[ExhaustedJob] = []
+    ref: ClaimRef | None = None
     for row in rows:
         if row[0] == "running":
-            jobs.append(claimed_job(row, worker_id=worker_id, lease_until=lease_until))
+            if ref is None or ref.claim != row[14]:
+                ref = ClaimRef(worker_id, row[14])
+            jobs.append(claimed_job(row, claim=ref, lease_until=lease_until))
         else:
             exhausted.append(exhausted_job(row))
     return ClaimBatch(jobs=jobs, exhausted=exhausted)

@@ -207,9 +207,9 @@ loads = json.loads
 detection ``json.loads`` runs on the raw bytes a ``json`` column would hand over."""
 
 
-def claimed_job(row: Sequence[Any], *, worker_id: str, lease_until: datetime) -> ClaimedJob:
+def claimed_job(row: Sequence[Any], *, claim: ClaimRef, lease_until: datetime) -> ClaimedJob:
     """A taken row of SQL_CLAIM (columns in the statement's order; input and steps as JSON
-    text)."""
+    text), under ``claim``: the rows of one claim share one (the row's token is ``claim``'s)."""
     (
         _state,
         job_id,
@@ -225,7 +225,7 @@ def claimed_job(row: Sequence[Any], *, worker_id: str, lease_until: datetime) ->
         created_at,
         enqueued_by,
         traceparent,
-        claim,
+        _claim,
         steps,
     ) = row
     return ClaimedJob(
@@ -241,7 +241,7 @@ def claimed_job(row: Sequence[Any], *, worker_id: str, lease_until: datetime) ->
         run_at=utc(run_at),
         created_at=utc(created_at),
         lease_until=lease_until,
-        claim=ClaimRef(worker_id, claim),
+        claim=claim,
         steps={} if steps is None else {step[0]: step_record(*step) for step in loads(steps)},
         enqueued_by=enqueued_by,
         traceparent=traceparent,
