@@ -159,9 +159,10 @@ def failure_verdict(retry: Retry, attempt: int, error: BaseException) -> Failure
     return FailureVerdict("retried", delay_s=delay)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Ending:
-    """How the body stopped, before anything is settled."""
+    """How the body stopped, before anything is settled. Not frozen: built once per attempt and
+    read by this module alone, and a frozen dataclass pays an ``object.__setattr__`` per field."""
 
     kind: Literal["completed", "suspended", "interrupted", "lease-lost", "failed"]
     result: Any = None
