@@ -1,6 +1,7 @@
 """Plans that must not read the whole of x_jobs: the claim's under statistics that mislead
-the planner, and a remove's. And the claim and the settles, run again and again, are planned
-once: the plan cache settles on one plan for them instead of planning every call anew."""
+the planner, a remove's, and the metrics' stats read beside many done rows. And the claim and
+the settles, run again and again, are planned once: the plan cache settles on one plan for them
+instead of planning every call anew."""
 
 from __future__ import annotations
 
@@ -11,10 +12,18 @@ import psycopg
 import pytest
 from pg.plans import as_prepared, plan_of, scans_run
 
-from ultimat3.jobs.core import AckOptions, EnqueueRequest, FrozenClock, NackOptions, new_id
+from ultimat3.jobs.core import (
+    AckOptions,
+    EnqueueRequest,
+    FrozenClock,
+    NackOptions,
+    new_id,
+    without_done,
+)
 from ultimat3.jobs.pg import PostgresJobDriver, postgres_job_driver
 from ultimat3.jobs.pg.sql_claim import SQL_CLAIM, SQL_CLAIM_HELD
 from ultimat3.jobs.pg.sql_operator import SQL_JOB_REMOVE
+from ultimat3.jobs.pg.sql_read import SQL_STATS_WITHOUT_DONE
 from ultimat3.jobs.pg.sql_settle import SQL_ACK, SQL_HEARTBEAT, SQL_NACK
 
 pytestmark = pytest.mark.pg
@@ -109,6 +118,46 @@ async def test_removing_a_job_without_steps_reads_no_other_row(
     scans = await scans_run(driver.executor, SQL_JOB_REMOVE, {"id": requests[0].id}, "x_jobs")
     assert scans
     assert all(node != "Seq Scan" and rows <= 1 for node, rows in scans), scans
+
+
+async def test_stats_without_done_reads_only_the_rows_not_done(
+    driver: PostgresJobDriver, clock: FrozenClock
+) -> None:
+    """What a metrics scrape reads: beside 5,000 done rows, only the dozen in other states,
+    each through a partial index, whatever the plan cache settles on."""
+    now = clock.now()
+    await driver.enqueue_many(
+        [
+            EnqueueRequest(new_id(), new_id(), "n", "q", None, new_id(), None, 3, now)
+            for _ in range(5_012)
+        ]
+    )
+    await driver.executor.fetch(
+        "update x_jobs set state = 'done', finished_at = run_at"
+        " where id in (select id from x_jobs order by id limit 5000)",
+        prepare=False,
+    )
+    batch = await driver.claim(worker_id="w", slots={"q": 6}, visibility_timeout=30)
+    dead, failed, buried, *_ = batch.jobs
+    assert await driver.nack(dead.id, NackOptions("w", dead.claim.claim, "x", dead_letter=True))
+    assert await driver.nack(failed.id, NackOptions("w", failed.claim.claim, "x", fail=True))
+    # A lapsed final attempt, as the claim buries it: dead, still under its claim's token.
+    await driver.executor.fetch(
+        "update x_jobs set state = 'dead', lease_until = null where id = %(id)s",
+        {"id": buried.id},
+        prepare=False,
+    )
+    await driver.executor.fetch("vacuum analyze x_jobs", prepare=False)
+    params = {"now": clock.now()}
+    scans = await scans_run(driver.executor, SQL_STATS_WITHOUT_DONE, params, "x_jobs")
+    assert all(node != "Seq Scan" for node, _ in scans), scans
+    # The 12 rows not done (and the older versions of those a claim moved), none done.
+    assert 12 <= sum(rows for _, rows in scans) <= 24, scans
+    generic = await plan_of(driver.executor, SQL_STATS_WITHOUT_DONE, params, generic=True)
+    assert "Seq Scan on x_jobs" not in generic, generic
+    (entry,) = await driver.stats(include_done=False)
+    assert (entry.ready, entry.running, entry.dead, entry.failed) == (6, 3, 2, 1)
+    assert [entry] == without_done(await driver.stats())
 
 
 async def test_the_claim_and_the_settles_are_planned_once_not_on_every_call(

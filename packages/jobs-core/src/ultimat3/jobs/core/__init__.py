@@ -64,6 +64,7 @@ from .model import (
     StepKind,
     StepRecord,
     claim_of,
+    without_done,
 )
 from .nack import nack_counter, nack_state
 from .outbox import OutboxJobsFacade, OutboxRelay, outbox_jobs_facade, outbox_relay
@@ -194,6 +195,7 @@ __all__ = [
     "set_jobs_facade",
     "signal_enqueued",
     "task",
+    "without_done",
     "latest_occurrence",
     "next_occurrence",
     "configure_lifecycle",

@@ -13,9 +13,9 @@ series                              kind     answers
 ==================================  =======  =====================================================
 
 The worker counts ``jobs_total`` and ``job_leases_lost_total`` as runs end. The three gauges are a
-read of ``driver.stats()``: call ``observe_queues(driver)`` where you serve ``/metrics`` (or on a
-timer) — the worker does not, because one stats read per pod per scrape interval is the caller's
-budget to spend.
+read of ``driver.stats(include_done=False)``: call ``observe_queues(driver)`` where you serve
+``/metrics`` (or on a timer) — the worker does not, because one stats read per pod per scrape
+interval is the caller's budget to spend.
 """
 
 from __future__ import annotations
@@ -144,5 +144,7 @@ def job_metrics() -> JobMetrics:
 
 
 async def observe_queues(driver: JobDriver, metrics: JobMetrics | None = None) -> None:
-    """Refresh the queue gauges from one ``driver.stats()`` read."""
-    (metrics or job_metrics()).observe(await driver.stats(), driver.clock.now(), source=driver)
+    """Refresh the queue gauges from one ``driver.stats(include_done=False)`` read: no gauge
+    needs the done rows, and on Postgres leaving them out keeps a scrape from reading them all."""
+    stats = await driver.stats(include_done=False)
+    (metrics or job_metrics()).observe(stats, driver.clock.now(), source=driver)

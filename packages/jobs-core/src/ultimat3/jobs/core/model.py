@@ -6,7 +6,7 @@ aware UTC datetimes; payloads are JSON values (``JsonValue``) exactly as a drive
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import StrEnum
@@ -52,6 +52,7 @@ __all__ = [
     "claim_of",
     "job_state",
     "stored_step_kind",
+    "without_done",
 ]
 
 JsonValue: TypeAlias = Any
@@ -270,6 +271,16 @@ class QueueStats:
             cancelled=counts.get("cancelled", 0),
             oldest_ready_at=oldest_ready_at,
         )
+
+
+def without_done(entries: Iterable[QueueStats]) -> list[QueueStats]:
+    """``entries`` as ``stats(include_done=False)`` answers them: ``done`` counted 0, and a
+    queue that holds nothing else left out."""
+    return [
+        replace(entry, done=0)
+        for entry in entries
+        if entry.depth + entry.running + entry.failed + entry.dead + entry.cancelled
+    ]
 
 
 @dataclass(frozen=True, slots=True)

@@ -155,8 +155,14 @@ class JobDriver(Protocol):
         self, job_id: str, ref: ClaimRef, run_id: str, step: StepRecord
     ) -> bool: ...
 
-    async def stats(self) -> builtins.list[QueueStats]:
-        """One entry per queue that holds any row."""
+    async def stats(self, *, include_done: bool = True) -> builtins.list[QueueStats]:
+        """One entry per queue that holds any row.
+
+        ``include_done=False`` is the read a metrics scrape or an autoscaler makes: ``done``
+        counts 0, a queue holding nothing but done rows is not listed, and a driver need not
+        read its done rows at all (on Postgres they are most of a table that keeps them, and
+        reading them made each scrape cost a pass over the table). Every other figure is the
+        same as with them (``without_done``)."""
         ...
 
     async def close(self) -> None: ...

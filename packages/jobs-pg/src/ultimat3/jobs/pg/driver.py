@@ -76,7 +76,7 @@ from .sql_enqueue import (
     SQL_ENQUEUE_HELD,
     SQL_ENQUEUE_ONE,
 )
-from .sql_read import SQL_STATS
+from .sql_read import SQL_STATS, SQL_STATS_WITHOUT_DONE
 from .sql_settle import SQL_ACK, SQL_HEARTBEAT, SQL_NACK, SQL_SAVE_STEP, SQL_UNCLAIMED_STATES
 from .unanswered import UnansweredClaims
 
@@ -459,12 +459,14 @@ class PostgresJobDriver:
 
     # -- reading ----------------------------------------------------------------------------
 
-    async def stats(self) -> builtins.list[QueueStats]:
-        rows = await self._executor.fetch(SQL_STATS, {"now": self._clock.now()}, idempotent=True)
+    async def stats(self, *, include_done: bool = True) -> builtins.list[QueueStats]:
+        statement = SQL_STATS if include_done else SQL_STATS_WITHOUT_DONE
+        rows = await self._executor.fetch(statement, {"now": self._clock.now()}, idempotent=True)
         counts: dict[str, dict[str, int]] = {}
         oldest: dict[str, datetime] = {}
         for queue, state, count, oldest_at in rows:
-            counts.setdefault(queue, {})[state] = count
+            per_state = counts.setdefault(queue, {})
+            per_state[state] = per_state.get(state, 0) + count  # buried rows come apart
             if oldest_at is not None and (queue not in oldest or oldest_at < oldest[queue]):
                 oldest[queue] = utc(oldest_at)
         return [

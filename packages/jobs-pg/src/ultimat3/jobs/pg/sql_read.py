@@ -8,6 +8,7 @@ __all__ = [
     "SQL_JOB_LIST_BEFORE",
     "SQL_JOB_STEPS",
     "SQL_STATS",
+    "SQL_STATS_WITHOUT_DONE",
 ]
 
 SQL_STATS = """
@@ -19,6 +20,37 @@ select queue,
        count(*) as rows,
        min(run_at) filter (where state in ('ready', 'delayed') and run_at <= %(now)s) as oldest
 from x_jobs
+group by queue, state
+order by queue
+"""
+
+SQL_STATS_WITHOUT_DONE = """
+-- Parameters: now.
+-- SQL_STATS without the done rows, which are most of a table that keeps them: what a metrics
+-- scrape or an autoscaler reads. Each branch is answered by a partial index over its states, so
+-- the read costs the rows not done, however many done ones the table keeps: the waiting rows by
+-- x_jobs_claim_idx, the running ones (each holds a lease) by x_jobs_lapse_idx, the dead, failed
+-- and cancelled ones by x_jobs_parked_idx, but for those a claim buried, which keep its token,
+-- by x_jobs_buried_idx (a cancelled row never keeps one: the cancel clears it).
+select queue, state, count(*) as rows,
+       min(run_at) filter (where state in ('ready', 'delayed') and run_at <= %(now)s) as oldest
+from x_jobs
+where state in ('ready', 'delayed', 'suspended')
+group by queue, state
+union all
+select queue, 'running', count(*), null
+from x_jobs
+where state = 'running' and lease_until is not null
+group by queue
+union all
+select queue, state, count(*), null
+from x_jobs
+where state in ('dead', 'failed', 'cancelled') and claim is null
+group by queue, state
+union all
+select queue, state, count(*), null
+from x_jobs
+where state in ('dead', 'failed') and claim is not null
 group by queue, state
 order by queue
 """

@@ -81,6 +81,15 @@ create index if not exists x_jobs_buried_idx
     on x_jobs (claim)
     where state in ('dead', 'failed') and claim is not null;
 
+-- Finished rows other than done ones that hold no claim, by queue: stats(include_done=False),
+-- which a metrics scrape reads, counts them here and the ones a claim buried in
+-- x_jobs_buried_idx, instead of reading every finished row. Only a row that ends dead, failed or
+-- cancelled pays for an entry (a done one does not, and most rows end done). Left to the rows
+-- without a claim, it never competes with x_jobs_buried_idx for a claim's burials.
+create index if not exists x_jobs_parked_idx
+    on x_jobs (queue, state)
+    where state in ('dead', 'failed', 'cancelled') and claim is null;
+
 -- No index serves the operator's list() (newest first by created_at, id): every row version
 -- would pay for it, on the enqueue, the claim and the settle — about a third more index writes
 -- per job. list() reads the table instead; a deployment that keeps millions of finished rows

@@ -276,7 +276,8 @@ class _NextDue:
 
     async def _rows_waiting(self) -> bool:
         return any(
-            entry.depth > 0 and self._serves(entry.queue) for entry in await self._driver.stats()
+            entry.depth > 0 and self._serves(entry.queue)
+            for entry in await self._driver.stats(include_done=False)
         )
 
     def _serves(self, queue: str) -> bool:

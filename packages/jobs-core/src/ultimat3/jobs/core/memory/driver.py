@@ -27,6 +27,7 @@ from ..model import (
     NackOptions,
     QueueStats,
     StepRecord,
+    without_done,
 )
 from ..nack import nack_counter, nack_state
 from ..protocol import ClaimBatch
@@ -240,7 +241,11 @@ class MemoryJobDriver:
         self._state.steps.setdefault(run_id, {})[step.name] = _copied(step)
         return True
 
-    async def stats(self) -> list[QueueStats]:
+    async def stats(self, *, include_done: bool = True) -> list[QueueStats]:
+        entries = self._stats()
+        return entries if include_done else without_done(entries)
+
+    def _stats(self) -> list[QueueStats]:
         now = self._state.now()
         counts: dict[str, dict[str, int]] = {}
         oldest: dict[str, datetime] = {}

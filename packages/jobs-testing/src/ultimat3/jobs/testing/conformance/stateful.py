@@ -45,6 +45,7 @@ from ultimat3.jobs.core import (
     StepKind,
     StepRecord,
     new_id,
+    without_done,
 )
 from ultimat3.jobs.core.model import STEP_KINDS
 
@@ -447,6 +448,8 @@ class _DriverMachine(RuleBasedStateMachine):
         now = self._now
         stats = sorted(await self.jobs.driver.stats(), key=lambda entry: entry.queue)
         _same("stats()", stats, self.model.stats(now))
+        live = sorted(await self.jobs.driver.stats(include_done=False), key=lambda e: e.queue)
+        _same("stats(include_done=False)", live, without_done(self.model.stats(now)))
         introspect = self.jobs.driver.introspect
         if introspect is None:
             return

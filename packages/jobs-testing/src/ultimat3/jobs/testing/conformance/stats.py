@@ -1,6 +1,8 @@
-"""Stats: one entry per queue holding any row, counting every state."""
+"""Stats: one entry per queue holding any row, counting every state (or every state but done)."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from ultimat3.jobs.core import QueueStats
 
@@ -41,11 +43,24 @@ class StatsRules:
             oldest_ready_at=jobs.now(),
         )
         assert stats.depth == 3
+        # Without the done rows, every other figure stays.
+        assert await jobs.driver.stats(include_done=False) == [replace(stats, done=0)]
+
+    async def test_stats_without_done_leaves_out_a_queue_of_done_rows(
+        self, jobs: Conformance
+    ) -> None:
+        assert await jobs.ack(await jobs.running(queue="finished"))
+        await jobs.enqueue(queue="waiting")
+        assert sorted(await jobs.stats()) == ["finished", "waiting"]
+        entries = await jobs.driver.stats(include_done=False)
+        assert [entry.queue for entry in entries] == ["waiting"]
 
     async def test_stats_counts_cancelled_rows(self, jobs: Conformance) -> None:
         queued = await jobs.enqueue()
         assert await jobs.introspect.cancel(queued.id) is not None
         assert (await jobs.queue_stats()).cancelled == 1
+        (entry,) = await jobs.driver.stats(include_done=False)
+        assert entry.cancelled == 1
 
     async def test_oldest_ready_at_is_the_oldest_due_waiting_row(self, jobs: Conformance) -> None:
         await jobs.enqueue(delay=-10)
