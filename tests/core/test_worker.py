@@ -6,7 +6,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -16,6 +16,7 @@ from support.naming import job_name_of
 from ultimat3.jobs.core import (
     JOBS_CONCURRENCY_DEFAULT,
     ClaimQueuesEmptyError,
+    EnqueueRequest,
     FrozenClock,
     InvariantError,
     JobState,
@@ -23,8 +24,10 @@ from ultimat3.jobs.core import (
     Retry,
     job,
     job_worker,
+    new_id,
     signal_enqueued,
 )
+from ultimat3.jobs.core.constants import UNDECLARED_GRACE_S, UNDECLARED_RETRY_S
 from ultimat3.jobs.core.memory import MemoryJobDriver
 from ultimat3.jobs.core.model import WorkerInfo
 from ultimat3.jobs.core.protocol import ClaimBatch
@@ -635,6 +638,60 @@ async def test_a_served_queue_no_job_names_is_polled_and_reported_once(
     ]
     assert len(events) == 1
     assert spy.claims
+
+
+def _undeclared_request(clock: FrozenClock, name: str) -> EnqueueRequest:
+    return EnqueueRequest(new_id(), new_id(), name, "q", {"n": 1}, "k", None, 3, clock.now())
+
+
+async def test_a_young_row_of_an_undeclared_job_waits_uncounted_for_a_worker_that_declares_it(
+    driver: MemoryJobDriver, clock: FrozenClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A rolling deploy: the new code enqueues a job the old workers have never heard of. They
+    hand it back instead of spending its attempts, and a worker on the new code runs it."""
+    ran: list[int] = []
+
+    async def from_the_next_deploy(*, input: Item, attempt: int) -> None:
+        ran.append(attempt)
+
+    name = job_name_of(from_the_next_deploy)
+    queued = await driver.enqueue(_undeclared_request(clock, name))
+    old = job_worker(driver=driver, context=lambda: None, queues=["q"], clock=clock)
+    with caplog.at_level(logging.WARNING, logger="ultimat3.jobs"):
+        async with old:
+            await until(lambda: old.stats.handed_back == 1)
+            detail = await driver.introspect.get(queued.id)
+            assert detail is not None
+            row = detail.row
+            assert (row.state, row.attempt, row.last_error) == (JobState.READY, 0, None)
+            assert row.run_at == clock.now() + timedelta(seconds=UNDECLARED_RETRY_S)
+            await run_clock(clock, 2 * UNDECLARED_RETRY_S)  # claimed and handed back again
+            assert old.stats.handed_back > 1
+            assert old.stats.retried == old.stats.dead == 0
+    events = [r for r in caplog.records if getattr(r, "event", "") == "jobs.worker.job-undeclared"]
+    assert len(events) == 1
+
+    new = item_job(from_the_next_deploy, name=name, queue="q")
+    async with job_worker(driver=driver, context=lambda: None, jobs=[new], clock=clock):
+        await run_clock(clock, UNDECLARED_RETRY_S + 5)  # due, and the idle poll comes by
+        await until(lambda: ran == [1])
+
+
+async def test_an_old_row_of_an_undeclared_job_fails_on_its_retry_path(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    """Past the grace it is not a deploy in progress: a name no worker declares (a typo, a job
+    removed) fails its attempts, and dead-letters, where an operator sees it."""
+    queued = await driver.enqueue(_undeclared_request(clock, "nobody-declares-this"))
+    clock.advance(UNDECLARED_GRACE_S)
+    worker = job_worker(driver=driver, context=lambda: None, queues=["q"], clock=clock)
+    async with worker:
+        await until(lambda: worker.stats.retried == 1)
+    detail = await driver.introspect.get(queued.id)
+    assert detail is not None
+    assert detail.row.attempt == 1
+    assert "no job named" in (detail.row.last_error or "")
+    assert worker.stats.handed_back == 0
 
 
 async def test_rows_buried_by_the_claim_are_announced_and_dropped_names_are_passed(

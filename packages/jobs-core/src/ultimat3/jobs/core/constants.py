@@ -24,6 +24,8 @@ __all__ = [
     "POLL_INTERVAL_S",
     "PROGRESS_INTERVAL_S",
     "RESUME_TIMER_WINDOW_S",
+    "UNDECLARED_GRACE_S",
+    "UNDECLARED_RETRY_S",
     "WAKE_DUE_WITHIN_S",
     "WAKE_SLOT_S",
     "WOKEN_IDLE_POLL_CEILING_S",
@@ -45,6 +47,12 @@ RESUME_TIMER_WINDOW_S = 60.0
 """A row the worker handed back that falls due within this is woken by a local timer."""
 DRAIN_DEADLINE_S = 25.0
 """How long the close phase of a drain waits for in-flight work."""
+UNDECLARED_GRACE_S = 15 * 60.0
+"""A claimed row of a job the worker's process does not declare, created less than this long
+ago, is handed back rather than failed: during a rolling deploy it is the new code's, and the
+workers still on the old code must not spend its attempts."""
+UNDECLARED_RETRY_S = 30.0
+"""How long such a row waits, handed back, before any worker may claim it again."""
 
 DEFAULT_EVENT_POLL_S = 30.0
 DEFAULT_EVENT_TTL_S = 7 * 86400.0

@@ -20,6 +20,11 @@ visibility timeout). A renewal that fails is a warning while the window has room
 none landing is ``jobs.lease.lost`` plus ``job_leases_lost_total``, and the run is aborted with
 ``X_JOB_LEASE_LOST`` because the queue may already have handed it to another worker.
 
+A claimed row of a job the worker's process does not declare, enqueued less than
+``UNDECLARED_GRACE_S`` ago, is handed back uncounted for ``UNDECLARED_RETRY_S``: during a rolling
+deploy it is the new code's, and the workers still on the old code must not spend its attempts.
+An older one fails on its retry path (``execute_job``), where an operator sees it.
+
 Stopping, two ways:
 
 - ``drain()`` (SIGTERM, SIGINT, ``run()``): *accept* stops claiming and aborts every held job's
@@ -58,6 +63,8 @@ from .constants import (
     MAX_WORKER_IN_FLIGHT,
     POLL_INTERVAL_S,
     RESUME_TIMER_WINDOW_S,
+    UNDECLARED_GRACE_S,
+    UNDECLARED_RETRY_S,
 )
 from .context import JobOutcome
 from .durations import Duration
@@ -99,9 +106,9 @@ __all__ = ["JobWorker", "WorkerStats", "job_worker"]
 class WorkerStats:
     """How the attempts this worker ran ended, and the rows its claims buried (counted ``dead``
     or ``dropped``: their lease had lapsed on the final attempt). ``handed_back``: runs returned
-    to the queue before their body started (a limit or a busy key under ``when_busy='wait'``), no
-    attempt burned. ``lease_lost``: runs whose settle could not land because the claim no longer
-    held the row."""
+    to the queue before their body started (a limit, a busy key under ``when_busy='wait'``, a
+    young row of a job this process does not declare), no attempt burned. ``lease_lost``: runs
+    whose settle could not land because the claim no longer held the row."""
 
     completed: int = 0
     retried: int = 0
@@ -117,6 +124,9 @@ class WorkerStats:
         field = _STAT_OF_OUTCOME[outcome]
         setattr(self, field, getattr(self, field) + 1)
 
+
+_UNDECLARED_GRACE = timedelta(seconds=UNDECLARED_GRACE_S)
+_UNDECLARED_RETRY = timedelta(seconds=UNDECLARED_RETRY_S)
 
 _STAT_OF_OUTCOME: dict[str, str] = {
     "completed": "completed",
@@ -334,6 +344,8 @@ class JobWorker:
         self._tally: dict[tuple[str, JobOutcome], int] = {}
         """``jobs_total`` counted since the last pass, flushed once per pass, not per job."""
         self._reminders: list[datetime] = []
+        self._undeclared: set[str] = set()
+        """Names of jobs this process does not declare whose rows it handed back (reported)."""
         self._sleep_until: datetime | None = None
         """When the claim loop's current wait ends; None while it waits for a ring only."""
         self._wakeup = Wakeup()
@@ -671,7 +683,10 @@ class JobWorker:
         ran = False
         try:
             handle = run.handle
-            if self._limits is None and (handle is None or handle.concurrency is None):
+            if handle is None and self._clock.now() - claimed.created_at < _UNDECLARED_GRACE:
+                admitted, failure = False, None
+                await self._leave_for_its_deploy(run)
+            elif self._limits is None and (handle is None or handle.concurrency is None):
                 admitted, failure = True, None  # nothing to admit it against
             else:
                 admitted, failure = await self._admit(run)
@@ -811,8 +826,9 @@ class JobWorker:
         if execution.resume_at is not None and execution.outcome in ("retried", "suspended"):
             self._remind(execution.resume_at)
 
-    async def _hand_back(self, run: _Run, at: datetime) -> None:
-        """Return a run to the queue before its body started: ready at ``at``, uncounted."""
+    async def _hand_back(self, run: _Run, at: datetime, *, remind: bool = True) -> None:
+        """Return a run to the queue before its body started: ready at ``at``, uncounted.
+        ``remind``: keep a timer to claim it again when it falls due."""
         claimed = run.claimed
         ref = claimed.claim
         landed = await self._driver.nack(
@@ -820,7 +836,27 @@ class JobWorker:
         )
         if landed:
             self.stats.handed_back += 1
-            self._remind(at)
+            if remind:
+                self._remind(at)
+
+    async def _leave_for_its_deploy(self, run: _Run) -> None:
+        """Hand back, uncounted, a young row of a job this process does not declare, for a
+        worker that does (``UNDECLARED_GRACE_S``). This one keeps no timer for it: it would only
+        claim it again. Reported once per job name."""
+        name = run.claimed.name
+        if name not in self._undeclared:
+            self._undeclared.add(name)
+            log_event(
+                logging.WARNING,
+                "jobs.worker.job-undeclared",
+                worker=self.id,
+                job=name,
+                queue=run.claimed.queue,
+                fix="deploy the code that declares it to every worker of the queue; its rows are "
+                f"handed back for {UNDECLARED_GRACE_S / 60:.0f} minutes after their enqueue, then "
+                "fail on their retry path",
+            )
+        await self._hand_back(run, self._clock.now() + _UNDECLARED_RETRY, remind=False)
 
     async def _refuse(self, run: _Run, decision: SlotDecision) -> None:
         assert run.handle is not None
