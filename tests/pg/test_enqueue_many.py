@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 import pytest
 from pg.faulty import Faults, faulty_pool
-from pg.plans import scans_run
+from pg.plans import plan_of, scans_run
 from psycopg.errors import DeadlockDetected, UniqueViolation
 
 from ultimat3.jobs.core import (
@@ -336,3 +336,7 @@ async def test_an_enqueue_never_reads_the_finished_rows_before_a_waiting_one(
     scans = await enqueue_plan_scans(driver, clock)
     assert scans
     assert all(node != "Seq Scan" and rows <= 1 for node, rows in scans), scans
+    # The plan a lone enqueue runs once the plan cache has settled on it.
+    params = enqueue_one_params(request(clock, "later", "later"), clock.now())
+    generic = await plan_of(driver.executor, SQL_ENQUEUE_ONE, params, generic=True)
+    assert "Seq Scan on x_jobs" not in generic, generic

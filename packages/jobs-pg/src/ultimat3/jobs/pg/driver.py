@@ -221,10 +221,7 @@ class PostgresJobDriver:
     async def _enqueue_one(self, request: EnqueueRequest, now: datetime) -> list[tuple[Any, ...]]:
         """A lone request, answered as SQL_ENQUEUE answers it: no row when it inserted, else
         ``(1, id, run_id)`` of the row it met (both None when that one is gone: ask again)."""
-        [(inserted, _)] = await self._executor.fetch(
-            SQL_ENQUEUE_ONE, enqueue_one_params(request, now)
-        )
-        if inserted:
+        if await self._executor.fetch(SQL_ENQUEUE_ONE, enqueue_one_params(request, now)):
             return []
         held = await self._executor.fetch(
             SQL_ENQUEUE_HELD,
