@@ -463,7 +463,8 @@ class PostgresJobDriver:
         oldest: dict[str, datetime] = {}
         for queue, state, count, oldest_at in rows:
             per_state = counts.setdefault(queue, {})
-            per_state[state] = per_state.get(state, 0) + count  # buried rows come apart
+            # Without done, dead and failed rows come in two rows: those a claim buried, the rest.
+            per_state[state] = per_state.get(state, 0) + count
             if oldest_at is not None and (queue not in oldest or oldest_at < oldest[queue]):
                 oldest[queue] = utc(oldest_at)
         return [
