@@ -28,6 +28,7 @@ from ultimat3.jobs.core import (
     signal_enqueued,
 )
 from ultimat3.jobs.core.constants import UNDECLARED_GRACE_S, UNDECLARED_RETRY_S
+from ultimat3.jobs.core.durations import Duration
 from ultimat3.jobs.core.memory import MemoryJobDriver
 from ultimat3.jobs.core.model import WorkerInfo
 from ultimat3.jobs.core.protocol import ClaimBatch
@@ -692,6 +693,50 @@ async def test_an_old_row_of_an_undeclared_job_fails_on_its_retry_path(
     assert detail.row.attempt == 1
     assert "no job named" in (detail.row.last_error or "")
     assert worker.stats.handed_back == 0
+
+
+@pytest.mark.parametrize("grace", ["1h", timedelta(hours=1), 3600])
+async def test_a_worker_may_stretch_the_grace_past_a_slow_rollout(
+    driver: MemoryJobDriver, clock: FrozenClock, grace: Duration
+) -> None:
+    queued = await driver.enqueue(_undeclared_request(clock, "from-a-slow-rollout"))
+    clock.advance(UNDECLARED_GRACE_S)  # past the default grace, inside the worker's own
+    worker = job_worker(
+        driver=driver, context=lambda: None, queues=["q"], clock=clock, undeclared_grace=grace
+    )
+    async with worker:
+        await until(lambda: worker.stats.handed_back == 1)
+    detail = await driver.introspect.get(queued.id)
+    assert detail is not None
+    assert (detail.row.state, detail.row.attempt, detail.row.last_error) == (
+        JobState.READY,
+        0,
+        None,
+    )
+
+
+async def test_a_grace_of_zero_fails_an_undeclared_row_at_once(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    queued = await driver.enqueue(_undeclared_request(clock, "nobody-declares-this"))
+    worker = job_worker(
+        driver=driver, context=lambda: None, queues=["q"], clock=clock, undeclared_grace=0
+    )
+    async with worker:
+        await until(lambda: worker.stats.retried == 1)
+    detail = await driver.introspect.get(queued.id)
+    assert detail is not None
+    assert "no job named" in (detail.row.last_error or "")
+    assert worker.stats.handed_back == 0
+
+
+@pytest.mark.parametrize("grace", [-1, "-5s", "soon", float("nan")])
+async def test_a_malformed_grace_is_refused_where_it_is_written(
+    driver: MemoryJobDriver, grace: Any
+) -> None:
+    with pytest.raises(InvariantError) as raised:
+        job_worker(driver=driver, context=lambda: None, queues=["q"], undeclared_grace=grace)
+    assert raised.value.code == "X_INVARIANT"
 
 
 async def test_rows_buried_by_the_claim_are_announced_and_dropped_names_are_passed(

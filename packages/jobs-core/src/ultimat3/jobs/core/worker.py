@@ -21,9 +21,10 @@ none landing is ``jobs.lease.lost`` plus ``job_leases_lost_total``, and the run 
 ``X_JOB_LEASE_LOST`` because the queue may already have handed it to another worker.
 
 A claimed row of a job the worker's process does not declare, enqueued less than
-``UNDECLARED_GRACE_S`` ago, is handed back uncounted for ``UNDECLARED_RETRY_S``: during a rolling
-deploy it is the new code's, and the workers still on the old code must not spend its attempts.
-An older one fails on its retry path (``execute_job``), where an operator sees it.
+``undeclared_grace`` ago (``UNDECLARED_GRACE_S`` unless the worker names its own), is handed back
+uncounted for ``UNDECLARED_RETRY_S``: during a rolling deploy it is the new code's, and the
+workers still on the old code must not spend its attempts. An older one fails on its retry path
+(``execute_job``), where an operator sees it.
 
 Stopping, two ways:
 
@@ -67,7 +68,7 @@ from .constants import (
     UNDECLARED_RETRY_S,
 )
 from .context import JobOutcome
-from .durations import Duration
+from .durations import Duration, parse_duration
 from .errors import (
     ClaimQueuesEmptyError,
     InvariantError,
@@ -125,7 +126,6 @@ class WorkerStats:
         setattr(self, field, getattr(self, field) + 1)
 
 
-_UNDECLARED_GRACE = timedelta(seconds=UNDECLARED_GRACE_S)
 _UNDECLARED_RETRY = timedelta(seconds=UNDECLARED_RETRY_S)
 
 _STAT_OF_OUTCOME: dict[str, str] = {
@@ -292,6 +292,7 @@ class JobWorker:
         clock: Clock | None,
         worker_id: str | None,
         drain_deadline: Duration | None,
+        undeclared_grace: Duration,
         events: EventBus | None,
         metrics: JobMetrics | None,
         on_execution: Callable[[JobExecution], None] | None,
@@ -318,6 +319,13 @@ class JobWorker:
         self._drain_deadline = (
             None if drain_deadline is None else positive_seconds(drain_deadline, "drain_deadline")
         )
+        grace = parse_duration(undeclared_grace, field="undeclared_grace")
+        if grace < 0:
+            raise InvariantError(
+                f"undeclared_grace must be zero (no grace) or positive, got {undeclared_grace!r}",
+                meta={"field": "undeclared_grace"},
+            )
+        self._undeclared_grace = timedelta(seconds=grace)
         self._wake = wake
         self._events = events
         self._metrics = metrics or job_metrics()
@@ -683,7 +691,7 @@ class JobWorker:
         ran = False
         try:
             handle = run.handle
-            if handle is None and self._clock.now() - claimed.created_at < _UNDECLARED_GRACE:
+            if handle is None and self._clock.now() - claimed.created_at < self._undeclared_grace:
                 admitted, failure = False, None
                 await self._leave_for_its_deploy(run)
             elif self._limits is None and (handle is None or handle.concurrency is None):
@@ -841,7 +849,7 @@ class JobWorker:
 
     async def _leave_for_its_deploy(self, run: _Run) -> None:
         """Hand back, uncounted, a young row of a job this process does not declare, for a
-        worker that does (``UNDECLARED_GRACE_S``). This one keeps no timer for it: it would only
+        worker that does (``undeclared_grace``). This one keeps no timer for it: it would only
         claim it again. Reported once per job name."""
         name = run.claimed.name
         if name not in self._undeclared:
@@ -853,8 +861,8 @@ class JobWorker:
                 job=name,
                 queue=run.claimed.queue,
                 fix="deploy the code that declares it to every worker of the queue; its rows are "
-                f"handed back for {UNDECLARED_GRACE_S / 60:.0f} minutes after their enqueue, then "
-                "fail on their retry path",
+                f"handed back for {self._undeclared_grace.total_seconds():g} s after their "
+                "enqueue, then fail on their retry path",
             )
         await self._hand_back(run, self._clock.now() + _UNDECLARED_RETRY, remind=False)
 
@@ -1012,6 +1020,7 @@ def job_worker(
     clock: Clock | None = None,
     worker_id: str | None = None,
     drain_deadline: Duration | None = None,
+    undeclared_grace: Duration = UNDECLARED_GRACE_S,
     events: EventBus | None = None,
     metrics: JobMetrics | None = None,
     on_execution: Callable[[JobExecution], None] | None = None,
@@ -1024,6 +1033,9 @@ def job_worker(
     caps what this process runs (see ``LimitConfig``). ``wake`` is a driver's cross-process
     ``QueueWake``; enqueues in this process wake the worker without one. ``on_execution`` is
     told every attempt this worker ran, as it ended (its outcome, step trace and timing).
+    ``undeclared_grace`` is how long after its enqueue a row of a job this process does not
+    declare is handed back for another worker rather than failed: stretch it past a slow rollout,
+    or pass 0 to fail such rows at once.
     """
     return JobWorker(
         driver=driver,
@@ -1040,6 +1052,7 @@ def job_worker(
         clock=clock,
         worker_id=worker_id,
         drain_deadline=drain_deadline,
+        undeclared_grace=undeclared_grace,
         events=events,
         metrics=metrics,
         on_execution=on_execution,
