@@ -6,8 +6,9 @@
 A single enqueue is one round trip, so its rate follows the machine's speed from one second to
 the next; rounds of whole benchmarks a minute apart (``versus.py``) spread a ratio from 0.7× to
 2× on a shared host. Here both libraries enqueue from the same event loop, one block of
-``--block`` awaited enqueues each, the order swapped every block, and each block pair gives a
-ratio taken within a second. The peer side is the peer harness's own adapter
+``--block`` awaited enqueues each, beside the raw round trip of the same server (a one-column
+INSERT committed alone, or redis-py's SET), the order rotated every block, and each block gives
+ratios taken within a second. The peer side is the peer harness's own adapter
 (``../shared/bench/peers``, or ``--peers DIR``), the code its figures come from; ours is
 ``handle.enqueue()`` on the job the benchmarks use.
 
@@ -33,9 +34,11 @@ from pathlib import Path
 from versus import DEFAULT_PEERS, PEER, server_environment
 
 Enqueue = Callable[[int], Awaitable[object]]
+Side = tuple[Enqueue, Callable[[], Awaitable[None]]]
+"""How one side enqueues job ``i``, and how it closes."""
 
 
-async def ours_on_redis() -> tuple[Enqueue, Callable[[], Awaitable[None]]]:
+async def ours_on_redis() -> Side:
     import redis_bench
 
     driver = await redis_bench.fresh_driver()
@@ -46,7 +49,20 @@ async def ours_on_redis() -> tuple[Enqueue, Callable[[], Awaitable[None]]]:
     return enqueue, driver.close
 
 
-async def ours_on_pg() -> tuple[Enqueue, Callable[[], Awaitable[None]]]:
+async def raw_on_redis() -> Side:
+    """redis-py's own client, one SET a round trip: the floor under any single enqueue."""
+    import redis.asyncio
+    import redis_bench
+
+    client = redis.asyncio.Redis.from_url(redis_bench.URL)
+
+    async def enqueue(i: int) -> object:
+        return await client.set(f"{redis_bench.PREFIX}:raw", i)
+
+    return enqueue, client.aclose
+
+
+async def ours_on_pg() -> Side:
     import pg_bench
     import psycopg
 
@@ -66,7 +82,24 @@ async def ours_on_pg() -> tuple[Enqueue, Callable[[], Awaitable[None]]]:
     return enqueue, driver.close
 
 
-async def peer_side(backend: str, peers: Path) -> tuple[Enqueue, Callable[[], Awaitable[None]]]:
+async def raw_on_pg() -> Side:
+    """A one-column INSERT committed on its own, from an asyncio connection: the raw limit the
+    single-enqueue target is set against (``pg_bench.py``'s, in the same loop)."""
+    import pg_bench
+    import psycopg
+
+    conn = await psycopg.AsyncConnection.connect(pg_bench.URL, autocommit=True)
+    await conn.execute("create table raw_insert (id bigserial primary key, payload jsonb)")
+
+    async def enqueue(i: int) -> object:
+        return await conn.execute(
+            "insert into raw_insert (payload) values (%s::jsonb)", ('{"i": 1}',), prepare=True
+        )
+
+    return enqueue, conn.close
+
+
+async def peer_side(backend: str, peers: Path) -> Side:
     """The harness's adapter, set up as the harness sets it up: its database made afresh."""
     _, script, _, extra = PEER[backend]
     os.environ.update({**server_environment(), **extra})
@@ -94,46 +127,45 @@ async def block(enqueue: Enqueue, start: int, size: int) -> float:
 
 async def compare(backend: str, peers: Path, blocks: int, size: int) -> None:
     peer_name = PEER[backend][0]
-    theirs, close_theirs = await peer_side(backend, peers)
-    ours, close_ours = await (ours_on_pg() if backend == "pg" else ours_on_redis())
+    sides = {
+        "ours": await (ours_on_pg() if backend == "pg" else ours_on_redis()),
+        peer_name: await peer_side(backend, peers),
+        "raw": await (raw_on_pg() if backend == "pg" else raw_on_redis()),
+    }
+    names = list(sides)
+    rates: dict[str, list[float]] = {name: [] for name in names}
     try:
-        await block(theirs, -size, size)  # connections open, statements prepared, scripts loaded
-        await block(ours, -size, size)
-        our_rates, their_rates, ratios = [], [], []
+        for name in names:  # connections open, statements prepared, scripts loaded
+            await block(sides[name][0], -size, size)
         for n in range(blocks):
-            start = n * size
-            if n % 2:
-                mine, peer = await block(ours, start, size), await block(theirs, start, size)
-            else:
-                peer, mine = await block(theirs, start, size), await block(ours, start, size)
-            our_rates.append(mine)
-            their_rates.append(peer)
-            ratios.append(mine / peer)
+            for name in names[n % 3 :] + names[: n % 3]:
+                rates[name].append(await block(sides[name][0], n * size, size))
             print(
-                f"block {n + 1}: ours {mine:,.0f}/s, {peer_name} {peer:,.0f}/s ({mine / peer:.2f}x)"
+                f"block {n + 1}: "
+                + ", ".join(f"{name} {rates[name][-1]:,.0f}/s" for name in names)
+                + f" ({rates['ours'][-1] / rates[peer_name][-1]:.2f}x)",
+                flush=True,
             )
     finally:
-        await close_theirs()
-        await close_ours()
+        for _, close in sides.values():
+            await close()
+
+    def per_block(top: str, bottom: str) -> list[float]:
+        return [a / b for a, b in zip(rates[top], rates[bottom], strict=True)]
+
     print()
     print(f"| {backend}: single enqueue, {blocks} blocks of {size} | median | min | max |")
     print("|---|---|---|---|")
-
-    def rate(value: float) -> str:
-        return f"{value:,.0f}/s"
-
-    def ratio(value: float) -> str:
-        return f"{value:.2f}x"
-
-    for label, values, shown in (
-        ("ours", our_rates, rate),
-        (peer_name, their_rates, rate),
-        (f"ours / {peer_name}, per block pair", ratios, ratio),
-    ):
-        print(
-            f"| {label} | {shown(statistics.median(values))} | {shown(min(values))} "
-            f"| {shown(max(values))} |"
-        )
+    rows: list[tuple[str, list[float], str]] = [(name, rates[name], "/s") for name in names]
+    rows += [
+        (f"ours / {peer_name}, per block", per_block("ours", peer_name), "x"),
+        ("ours / raw, per block", per_block("ours", "raw"), "x"),
+        (f"{peer_name} / raw, per block", per_block(peer_name, "raw"), "x"),
+    ]
+    for label, values, unit in rows:
+        cells = [statistics.median(values), min(values), max(values)]
+        shown = [f"{v:.2f}x" if unit == "x" else f"{v:,.0f}/s" for v in cells]
+        print(f"| {label} | " + " | ".join(shown) + " |")
 
 
 def main() -> int:
