@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Awaitable, Coroutine, Sequence
-from contextlib import AsyncExitStack
+from contextlib import AsyncExitStack, suppress
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -117,10 +117,6 @@ def _env_count(name: str, default: int) -> int:
     return value
 
 
-async def _awaited(awaitable: Awaitable[T]) -> T:
-    return await awaitable
-
-
 class _Session:
     """One event loop and one target for a whole Hypothesis run.
 
@@ -134,10 +130,30 @@ class _Session:
         self._runner = asyncio.Runner()
         self._stack: AsyncExitStack | None = None
         self._jobs: Conformance | None = None
+        self._call: asyncio.Task[Any] | None = None
+        """The task of the call ``run`` is waiting for."""
 
     def run(self, awaitable: Awaitable[T]) -> T:
-        coroutine: Coroutine[Any, Any, T] = _awaited(awaitable)
-        return self._runner.run(coroutine)
+        coroutine: Coroutine[Any, Any, T] = self._tracked(awaitable)
+        try:
+            return self._runner.run(coroutine)
+        except BaseException:
+            self._stop_cut_off_call()
+            raise
+
+    async def _tracked(self, awaitable: Awaitable[T]) -> T:
+        self._call = asyncio.current_task()
+        return await awaitable
+
+    def _stop_cut_off_call(self) -> None:
+        """Cancel a call that an exception from outside it cut off (pytest-timeout raises in
+        the loop's wait). Left pending, it would go on during the next example's calls, against
+        a backend reset under it, and report a mismatch that never happened."""
+        call, self._call = self._call, None
+        if call is not None and not call.done():
+            call.cancel()
+            with suppress(BaseException):
+                self._runner.get_loop().run_until_complete(call)
 
     def fresh(self) -> Conformance:
         jobs = self._jobs
