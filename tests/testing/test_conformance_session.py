@@ -15,12 +15,12 @@ import pytest
 from ultimat3.jobs.testing.conformance.stateful import _Session
 
 
-class _CutOff(Exception):
+class _CutOffError(Exception):
     """Raised by the alarm, as pytest-timeout's ``Failed`` is."""
 
 
 def _alarm(signum: int, frame: FrameType | None) -> None:
-    raise _CutOff
+    raise _CutOffError
 
 
 def test_a_call_cut_off_from_outside_does_not_run_on_into_the_next_example(
@@ -41,7 +41,7 @@ def test_a_call_cut_off_from_outside_does_not_run_on_into_the_next_example(
     alarm = threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGUSR1))
     try:
         alarm.start()
-        with pytest.raises(_CutOff):
+        with pytest.raises(_CutOffError):
             session.run(compare())
         session.run(asyncio.sleep(0.4))  # the next example's calls, on the same loop
     finally:
