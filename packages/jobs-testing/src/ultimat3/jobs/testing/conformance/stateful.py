@@ -140,6 +140,8 @@ class _Session:
         except BaseException:
             self._stop_cut_off_call()
             raise
+        finally:
+            self._call = None
 
     async def _tracked(self, awaitable: Awaitable[T]) -> T:
         self._call = asyncio.current_task()
@@ -149,7 +151,7 @@ class _Session:
         """Cancel a call that an exception from outside it cut off (pytest-timeout raises in
         the loop's wait). Left pending, it would go on during the next example's calls, against
         a backend reset under it, and report a mismatch that never happened."""
-        call, self._call = self._call, None
+        call = self._call
         if call is not None and not call.done():
             call.cancel()
             with suppress(BaseException):
