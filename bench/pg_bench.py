@@ -237,9 +237,7 @@ def raw_limits(conn: psycopg.Connection[Any]) -> dict[str, float]:
         conn.execute("truncate raw_insert")
         count, began = 0, time.perf_counter()
         while time.perf_counter() - began < LIMIT_S:
-            conn.execute(
-                "insert into raw_insert (payload) values (%s::jsonb)", ('{"i": 1}',), prepare=True
-            )
+            conn.execute(RAW_INSERT_ONE, RAW_ROW, prepare=True)
             count += 1
         singles.append(count / (time.perf_counter() - began))
     results["single"] = statistics.median(singles)
@@ -342,12 +340,24 @@ on the primary key and the live-key index, and none of the statement's other wor
 for a dedupe, the wake). The floor under our enqueue on this server."""
 
 
+RAW_TABLE = "create table if not exists raw_insert (id bigserial primary key, payload jsonb)"
+RAW_INSERT_ONE = "insert into raw_insert (payload) values (%s::jsonb)"
+RAW_ROW = ('{"i": 1}',)
+"""The raw limit's single-row commit: one jsonb column, its parameters."""
+
+
+def fresh_database() -> tuple[Any, ...] | None:
+    """Drop and create the benchmark's database; answers the server's version."""
+    with psycopg.connect(SERVER, autocommit=True) as conn:
+        conn.execute(f"drop database if exists {DATABASE} with (force)")
+        conn.execute(f"create database {DATABASE}")
+        return conn.execute("show server_version").fetchone()
+
+
 def raw_single_block(conn: psycopg.Connection[Any], count: int) -> float:
     began = time.perf_counter()
     for _ in range(count):
-        conn.execute(
-            "insert into raw_insert (payload) values (%s::jsonb)", ('{"i": 1}',), prepare=True
-        )
+        conn.execute(RAW_INSERT_ONE, RAW_ROW, prepare=True)
     return time.perf_counter() - began
 
 
@@ -355,9 +365,7 @@ async def raw_single_block_async(conn: psycopg.AsyncConnection[Any], count: int)
     """``raw_single_block`` on an asyncio connection: what the event loop adds to a round trip."""
     began = time.perf_counter()
     for _ in range(count):
-        await conn.execute(
-            "insert into raw_insert (payload) values (%s::jsonb)", ('{"i": 1}',), prepare=True
-        )
+        await conn.execute(RAW_INSERT_ONE, RAW_ROW, prepare=True)
     return time.perf_counter() - began
 
 
@@ -391,7 +399,7 @@ async def enqueue_single(admin: psycopg.Connection[Any]) -> Interleaved:
     """One ``handle.enqueue()`` per job, against single-row INSERT commits from one client (and
     the same commits from an asyncio connection)."""
     measured, block = Interleaved(), 100
-    admin.execute("create table if not exists raw_insert (id bigserial primary key, payload jsonb)")
+    admin.execute(RAW_TABLE)
     async_raw = await psycopg.AsyncConnection.connect(URL, autocommit=True)
     with (
         psycopg.connect(URL, autocommit=True) as raw,
@@ -437,7 +445,7 @@ async def enqueue_batched(admin: psycopg.Connection[Any]) -> Interleaved:
     ``INSERT .. unnest`` of as many rows."""
     measured = Interleaved()
     payloads = [json.dumps({"i": k}) for k in range(BATCH)]
-    admin.execute("create table if not exists raw_insert (id bigserial primary key, payload jsonb)")
+    admin.execute(RAW_TABLE)
     building = 0.0
     with (
         psycopg.connect(URL, autocommit=True) as raw,
@@ -624,10 +632,7 @@ def write_figures(
 
 
 def main() -> None:
-    with psycopg.connect(SERVER, autocommit=True) as conn:
-        conn.execute(f"drop database if exists {DATABASE} with (force)")
-        conn.execute(f"create database {DATABASE}")
-        version = conn.execute("show server_version").fetchone()
+    version = fresh_database()
     asyncio.run(install(URL))
     signals = Signals()
     try:

@@ -64,14 +64,11 @@ async def raw_on_redis() -> Side:
 
 async def ours_on_pg() -> Side:
     import pg_bench
-    import psycopg
 
     from ultimat3.jobs.core import set_job_driver
     from ultimat3.jobs.pg import postgres_job_driver
 
-    with psycopg.connect(pg_bench.SERVER, autocommit=True) as conn:
-        conn.execute(f"drop database if exists {pg_bench.DATABASE} with (force)")
-        conn.execute(f"create database {pg_bench.DATABASE}")
+    pg_bench.fresh_database()
     await pg_bench.install(pg_bench.URL)
     driver = postgres_job_driver(pg_bench.URL)
     set_job_driver(driver)
@@ -89,12 +86,10 @@ async def raw_on_pg() -> Side:
     import psycopg
 
     conn = await psycopg.AsyncConnection.connect(pg_bench.URL, autocommit=True)
-    await conn.execute("create table raw_insert (id bigserial primary key, payload jsonb)")
+    await conn.execute(pg_bench.RAW_TABLE)
 
     async def enqueue(i: int) -> object:
-        return await conn.execute(
-            "insert into raw_insert (payload) values (%s::jsonb)", ('{"i": 1}',), prepare=True
-        )
+        return await conn.execute(pg_bench.RAW_INSERT_ONE, pg_bench.RAW_ROW, prepare=True)
 
     return enqueue, conn.close
 
