@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
 from support.eventually import until
+from support.items import Item
 
 from ultimat3.jobs.core import (
     EnqueueRequest,
@@ -25,11 +25,6 @@ from ultimat3.jobs.core import (
 )
 from ultimat3.jobs.core.memory import MemoryJobDriver
 from ultimat3.jobs.core.metrics import jobs_total_outcome
-
-
-@dataclass
-class Item:
-    n: int
 
 
 def sample(registry: CollectorRegistry, name: str, **labels: str) -> float | None:

@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
 from support.eventually import run_clock, settle, until
+from support.items import Item, item_job
 from support.naming import job_name_of
 
 from ultimat3.jobs.core import (
@@ -22,7 +22,6 @@ from ultimat3.jobs.core import (
     JobState,
     JobWorker,
     Retry,
-    job,
     job_worker,
     new_id,
     signal_enqueued,
@@ -33,23 +32,6 @@ from ultimat3.jobs.core.memory import MemoryJobDriver
 from ultimat3.jobs.core.model import WorkerInfo
 from ultimat3.jobs.core.protocol import ClaimBatch
 from ultimat3.jobs.core.wake import signal_wake_lost
-
-
-@dataclass
-class Item:
-    n: int
-
-
-def item_job(body: Any, **options: Any) -> Any:
-    fields: dict[str, Any] = {
-        "name": job_name_of(body),
-        "input": Item,
-        "idempotency_key": lambda i: f"item:{i.n}",
-        "tenant": "none",
-        "retry": Retry(attempts=3, delay=1, jitter=False),
-    }
-    fields.update(options)
-    return job(**fields)(body)
 
 
 class ClaimSpy:

@@ -6,13 +6,14 @@ import asyncio
 import logging
 import os
 import signal
-from dataclasses import dataclass
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 import pytest
 from support.eventually import run_clock, settle, until
-from support.naming import job_name_of
+from support.items import Item
+from support.items import item_job as any_item_job
 
 from ultimat3.jobs.core import (
     FrozenClock,
@@ -20,7 +21,6 @@ from ultimat3.jobs.core import (
     JobState,
     Retry,
     configure_lifecycle,
-    job,
     job_worker,
     on_shutdown,
     shutdown,
@@ -29,22 +29,9 @@ from ultimat3.jobs.core import worker as worker_module
 from ultimat3.jobs.core.constants import DRAIN_DEADLINE_S
 from ultimat3.jobs.core.memory import MemoryJobDriver
 
-
-@dataclass
-class Item:
-    n: int
-
-
-def item_job(body: Any, **options: Any) -> Any:
-    fields: dict[str, Any] = {
-        "name": job_name_of(body),
-        "input": Item,
-        "idempotency_key": lambda i: f"item:{i.n}",
-        "tenant": "none",
-        "retry": Retry(attempts=1),
-    }
-    fields.update(options)
-    return job(**fields)(body)
+item_job = partial(any_item_job, retry=Retry(attempts=1))
+"""The jobs here have one attempt: what a drain hands back comes back uncounted, and any
+failure is final."""
 
 
 class Held:

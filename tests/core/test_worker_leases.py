@@ -7,14 +7,13 @@ import asyncio
 import gc
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
 from support.eventually import run_clock, settle, until
-from support.naming import job_name_of
+from support.items import Item, item_job
 
 from ultimat3.jobs.core import (
     ClaimRef,
@@ -22,29 +21,10 @@ from ultimat3.jobs.core import (
     JobMetrics,
     JobState,
     LeaseLostError,
-    Retry,
-    job,
     job_worker,
 )
 from ultimat3.jobs.core.memory import MemoryJobDriver
 from ultimat3.jobs.core.worker import _Run
-
-
-@dataclass
-class Item:
-    n: int
-
-
-def item_job(body: Any, **options: Any) -> Any:
-    fields: dict[str, Any] = {
-        "name": job_name_of(body),
-        "input": Item,
-        "idempotency_key": lambda i: f"item:{i.n}",
-        "tenant": "none",
-        "retry": Retry(attempts=3, delay=1, jitter=False),
-    }
-    fields.update(options)
-    return job(**fields)(body)
 
 
 class HeartbeatSpy:
