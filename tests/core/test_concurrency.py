@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from support.eventually import run_clock, settle, until
+from support.jobs import declared
 
 from ultimat3.jobs.core import (
     Concurrency,
@@ -19,8 +20,6 @@ from ultimat3.jobs.core import (
     JobFilter,
     JobSlotLostError,
     JobState,
-    Retry,
-    job,
     job_lease_key,
     job_worker,
 )
@@ -59,14 +58,7 @@ class Accounts:
 
 
 def sync_job(body: Any, **options: Any) -> Any:
-    fields: dict[str, Any] = {
-        "input": Sync,
-        "idempotency_key": lambda i: f"sync:{i.account}:{i.n}",
-        "tenant": "none",
-        "retry": Retry(attempts=3, delay=1, jitter=False),
-    }
-    fields.update(options)
-    return job(**fields)(body)
+    return declared(body, input=Sync, key=lambda i: f"sync:{i.account}:{i.n}", **options)
 
 
 def keyed(when_busy: str = "wait", limit: int = 1) -> Concurrency[Sync]:

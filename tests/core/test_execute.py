@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from support.drive import drain
-from support.naming import job_name_of
+from support.jobs import declared
 
 from ultimat3.jobs.core import (
     LEASE_LAPSED_FINAL_ATTEMPT,
@@ -42,15 +42,7 @@ class Ping:
 
 
 def ping_job(body: Any, **options: Any) -> Any:
-    fields: dict[str, Any] = {
-        "name": job_name_of(body),
-        "input": Ping,
-        "idempotency_key": lambda i: f"ping:{i.host}",
-        "tenant": "none",
-        "retry": Retry(attempts=3, delay=1, jitter=False),
-    }
-    fields.update(options)
-    return job(**fields)(body)
+    return declared(body, input=Ping, key=lambda i: f"ping:{i.host}", **options)
 
 
 async def claim_one(driver: MemoryJobDriver, queue: str = "default") -> ClaimedJob:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from support.eventually import run_clock, settle, until
-from support.naming import job_name_of
+from support.jobs import declared
 
 from ultimat3.jobs.core import (
     FrozenClock,
@@ -53,15 +53,9 @@ class Held:
 
 
 def tenant_job(body: Any, **options: Any) -> Any:
-    fields: dict[str, Any] = {
-        "name": job_name_of(body),
-        "input": Task,
-        "idempotency_key": lambda i: f"task:{i.org}:{i.n}",
-        "tenant": lambda i: i.org,
-        "retry": Retry(attempts=2, jitter=False),
-    }
-    fields.update(options)
-    return job(**fields)(body)
+    """A job of ``Task`` run for the input's org, with two attempts."""
+    options = {"tenant": lambda i: i.org, "retry": Retry(attempts=2, jitter=False), **options}
+    return declared(body, input=Task, key=lambda i: f"task:{i.org}:{i.n}", **options)
 
 
 # -- the configuration --------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 from support.eventually import until
-from support.items import Item
+from support.jobs import Item
 
 from ultimat3.jobs.core import (
     EnqueueRequest,

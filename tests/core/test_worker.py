@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from support.eventually import run_clock, settle, until
-from support.items import Item, item_job
+from support.jobs import Item, item_job
 from support.naming import job_name_of
 
 from ultimat3.jobs.core import (

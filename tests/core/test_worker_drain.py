@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 from support.eventually import run_clock, settle, until
-from support.items import Item
-from support.items import item_job as any_item_job
+from support.jobs import Item
+from support.jobs import item_job as any_item_job
 
 from ultimat3.jobs.core import (
     FrozenClock,

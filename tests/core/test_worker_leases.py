@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 from support.eventually import run_clock, settle, until
-from support.items import Item, item_job
+from support.jobs import Item, item_job
 
 from ultimat3.jobs.core import (
     ClaimRef,

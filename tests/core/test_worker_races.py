@@ -11,14 +11,12 @@ from typing import Any
 
 import pytest
 from support.eventually import run_clock, settle, until
-from support.naming import job_name_of
+from support.jobs import declared
 
 from ultimat3.jobs.core import (
     FrozenClock,
     JobFilter,
     JobState,
-    Retry,
-    job,
     job_worker,
 )
 from ultimat3.jobs.core.memory import MemoryJobDriver
@@ -51,13 +49,7 @@ class Overlap:
 
 
 def work_job(body: Any) -> Any:
-    return job(
-        input=Work,
-        idempotency_key=lambda i: f"work:{i.n}",
-        tenant="none",
-        retry=Retry(attempts=3, delay=1, jitter=False),
-        name=job_name_of(body),
-    )(body)
+    return declared(body, input=Work, key=lambda i: f"work:{i.n}")
 
 
 async def states(driver: MemoryJobDriver) -> Counter[JobState]:
