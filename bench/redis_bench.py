@@ -125,6 +125,10 @@ class Starts:
         with self.changed:
             return self.changed.wait_for(predicate, timeout)
 
+    def wait_for_start(self, i: int, timeout: float) -> bool:
+        """Whether job ``i`` started within ``timeout`` seconds."""
+        return self.wait_for(lambda: i in self.times, timeout)
+
 
 # -- measuring ---------------------------------------------------------------------------------
 
@@ -266,14 +270,14 @@ async def pickup(starts: Starts, tag: str) -> list[float]:
     latencies: list[float] = []
     try:
         await noop.enqueue(Noop(-1, tag))
-        if not starts.wait_for(lambda: -1 in starts.times, 30):
+        if not starts.wait_for_start(-1, 30):
             raise RuntimeError("the worker never ran the warm-up job")
         await asyncio.sleep(1.0)  # the wake proves itself live
         for i in range(LAT_TRIALS):
             await asyncio.sleep(random.uniform(0.1, 0.3))
             sent = time.monotonic()
             await noop.enqueue(Noop(i, tag))
-            if not starts.wait_for(lambda i=i: i in starts.times, 10):
+            if not starts.wait_for_start(i, 10):
                 raise RuntimeError(f"trial {i} never started")
             latencies.append((starts.times[i] - sent) * 1000)
     finally:

@@ -64,17 +64,18 @@ async def raw_on_redis() -> Side:
 
 async def ours_on_pg() -> Side:
     import pg_bench
+    from pg_worker import bench_noop
 
     from ultimat3.jobs.core import set_job_driver
-    from ultimat3.jobs.pg import postgres_job_driver
+    from ultimat3.jobs.pg import install, postgres_job_driver
 
     pg_bench.fresh_database()
-    await pg_bench.install(pg_bench.URL)
+    await install(pg_bench.URL)
     driver = postgres_job_driver(pg_bench.URL)
     set_job_driver(driver)
 
     async def enqueue(i: int) -> object:
-        return await pg_bench.bench_noop.enqueue({"i": i})
+        return await bench_noop.enqueue({"i": i})
 
     return enqueue, driver.close
 
