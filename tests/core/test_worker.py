@@ -21,6 +21,7 @@ from ultimat3.jobs.core import (
     InvariantError,
     JobState,
     JobWorker,
+    LimitConfig,
     Retry,
     job_worker,
     new_id,
@@ -178,6 +179,54 @@ async def test_a_claim_takes_half_the_slots_and_a_full_one_is_followed_at_once(
         finally:
             gate.event.set()  # a failed check must not leave the worker waiting on its jobs
         await until(lambda: len(gate.entered) == 10)
+
+
+async def held_at_each_claim(
+    driver: MemoryJobDriver, clock: FrozenClock, name: str, **options: Any
+) -> list[tuple[dict[str, int], int]]:
+    """Each claim a worker with 4 slots sends over 10 parked jobs: what it asked for, and how
+    many jobs the worker held as it asked."""
+    gate = Gate()
+    handle = item_job(gate.run, name=name)
+    for n in range(10):
+        await handle.enqueue(Item(n))
+    spy = ClaimSpy(driver)
+    original = spy.claim
+    asked: list[tuple[dict[str, int], int]] = []
+    worker = spy.worker(jobs=[handle], concurrency=4, clock=clock, **options)
+
+    async def claim(**kwargs: Any) -> ClaimBatch:
+        asked.append((dict(kwargs["slots"]), len(worker.in_flight)))
+        return await original(**kwargs)
+
+    spy.claim = claim  # type: ignore[method-assign]
+    async with worker:
+        try:
+            await until(lambda: len(gate.entered) == 4)
+            await settle()
+        finally:
+            gate.event.set()
+    return asked
+
+
+async def test_a_full_batch_sends_the_next_claim_before_it_is_launched(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    """The claim a full batch calls for goes out first, and its round trip overlaps the
+    decoding and launching of the batch in hand: the slots the batch will fill are known."""
+    asked = await held_at_each_claim(driver, clock, "worker-claim-ahead-gate")
+    assert asked[:2] == [({"default": 2}, 0), ({"default": 2}, 0)]
+
+
+async def test_under_process_limits_the_next_claim_waits_for_the_launch(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    """The limits' room depends on the rows themselves (their tenants, their names): the next
+    claim is only sized once the batch in hand is launched."""
+    asked = await held_at_each_claim(
+        driver, clock, "worker-limited-claim-gate", limits=LimitConfig(per_tenant=10)
+    )
+    assert asked[:2] == [({"default": 2}, 0), ({"default": 2}, 2)]
 
 
 async def test_a_queue_whose_batch_came_back_full_is_claimed_for_again_whatever_the_others_gave(

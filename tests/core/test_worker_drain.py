@@ -172,6 +172,43 @@ async def test_a_row_claimed_as_the_drain_begins_goes_back_without_running(
     assert (drained.state, drained.attempt) == (JobState.READY, 0)
 
 
+async def test_a_claim_sent_ahead_as_the_drain_begins_hands_its_rows_back_without_running(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    """A full batch sends the next claim before it launches; a drain beginning while that
+    claim is out waits for its answer and hands every row of it back."""
+    body = Held()
+    handle = item_job(body.run)
+    queued = [await handle.enqueue(Item(n)) for n in range(4)]
+    ahead_sent = asyncio.Event()
+    finish_claim = asyncio.Event()
+    original = driver.claim
+    calls = 0
+
+    async def claim(**kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 2:  # the claim the first (full) batch sent ahead
+            ahead_sent.set()
+            await finish_claim.wait()
+        return await original(**kwargs)
+
+    driver.claim = claim  # type: ignore[method-assign]
+    worker = job_worker(
+        driver=driver, context=lambda: None, jobs=[handle], concurrency=4, clock=clock
+    )
+    await worker.start()
+    await until(lambda: ahead_sent.is_set() and len(body.started) == 2)
+    draining = asyncio.ensure_future(worker.drain())
+    await settle()
+    finish_claim.set()
+    await draining
+    assert body.started == [0, 1]
+    for job in queued:
+        drained = await row(driver, job.id)
+        assert (drained.state, drained.attempt) == (JobState.READY, 0)
+
+
 async def test_a_manual_stop_aborts_nothing_and_waits_for_the_work_in_hand(
     driver: MemoryJobDriver, clock: FrozenClock
 ) -> None:

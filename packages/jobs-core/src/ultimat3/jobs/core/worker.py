@@ -94,7 +94,7 @@ from .limits import LimitConfig, ProcessLimits
 from .logs import log_event
 from .metrics import JobMetrics, job_metrics
 from .model import ClaimedJob, ExhaustedJob, JobState, NackOptions, WorkerInfo
-from .protocol import EventBus, JobDriver, QueueWake
+from .protocol import ClaimBatch, EventBus, JobDriver, QueueWake
 from .registry import job_named, registered_jobs
 from .renewal import Renewal, RenewalLoop
 from .signal import AbortController
@@ -361,6 +361,8 @@ class JobWorker:
         self._deadline = LateDeadline(self._clock)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._claiming: asyncio.Task[None] | None = None
+        self._ahead: tuple[dict[str, int], datetime, asyncio.Future[ClaimBatch]] | None = None
+        """The next claim, sent before the batch in hand was launched: what it asked, when."""
         self._winding: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
         self._started_at: datetime | None = None
@@ -587,18 +589,23 @@ class JobWorker:
             wait: float | None
             try:
                 self._flush_tally()
-                began = self._clock.now()
-                free = self._free()
-                taken: dict[str, int] = {}
-                if free:
-                    free = self._half_of_the_slots(free)
-                    taken = await self._claim(free)
-                if self._more_may_be_due(free, taken):
+                ahead, self._ahead = self._ahead, None
+                if ahead is not None:  # sent before the last batch was launched
+                    asked, began, answer = ahead
+                    taken = await self._take(asked, await answer)
+                else:
+                    began = self._clock.now()
+                    asked = self._free()
+                    taken = {}
+                    if asked:
+                        asked = self._half_of_the_slots(asked)
+                        taken = await self._take(asked, await self._fetch(asked))
+                if self._more_may_be_due(asked, taken):
                     idle_wait = self._poll
                     continue
                 if taken:
                     wait = idle_wait = self._poll
-                elif free or self._has_a_free_slot():
+                elif asked or self._has_a_free_slot():
                     # Nothing due, or the process limits left no room: a limit shared with
                     # another worker frees on ITS ring, not ours, so poll with the back-off.
                     # The ceiling is read now: it drops when the wake stops being live.
@@ -607,7 +614,7 @@ class JobWorker:
                     idle_wait = min(idle_wait * 2, ceiling)
                 else:
                     wait = None  # full: a slot coming free rings
-                if free:
+                if asked:
                     wait = self._until_reminder(wait, began)
             except Exception as exc:  # a hook (metrics, limits) that throws must not end the loop
                 log_event(logging.ERROR, "jobs.worker.tick-failed", worker=self.id, error=repr(exc))
@@ -616,33 +623,63 @@ class JobWorker:
             self._sleep_until = None if wait is None else now + timedelta(seconds=wait)
             if await self._wakeup.wait(self._clock, wait):
                 idle_wait = self._poll
+        if self._ahead is not None:  # its rows go back: claimed as the drain began
+            asked, _, answer = self._ahead
+            self._ahead = None
+            await self._take(asked, await answer)
 
     def _flush_tally(self) -> None:
         tally, self._tally = self._tally, {}
         for (queue, outcome), count in tally.items():
             self._metrics.settled(queue, outcome, count)
 
-    async def _claim(self, free: dict[str, int]) -> dict[str, int]:
-        """Claim and launch up to ``free`` rows per queue; answers how many each queue gave."""
-        taken: dict[str, int] = {}
+    async def _fetch(self, asked: dict[str, int]) -> ClaimBatch:
+        """One claim of up to ``asked`` rows per queue; an empty batch when it fails."""
         try:
-            batch = await self._driver.claim(
+            return await self._driver.claim(
                 worker_id=self.id,
-                slots=free,
+                slots=asked,
                 visibility_timeout=self._vis,
                 drop_exhausted=self._drop_exhausted,
             )
         except Exception as exc:
             log_event(logging.WARNING, "jobs.worker.claim-failed", worker=self.id, error=repr(exc))
-            return taken
+            return ClaimBatch()
+
+    async def _take(self, asked: dict[str, int], batch: ClaimBatch) -> dict[str, int]:
+        """Launch the rows of ``batch`` (claimed for ``asked``); answers how many each queue
+        gave. A full batch sends the next claim first, so that claim's round trip overlaps the
+        decoding and launching of this one."""
         for exhausted in batch.exhausted:
             self._announce(exhausted)
-        if batch.jobs:
-            now, loop = self._clock.now(), asyncio.get_running_loop()
-            for claimed in batch.jobs:
-                self._launch(claimed, now, loop)
-                taken[claimed.queue] = taken.get(claimed.queue, 0) + 1
+        taken: dict[str, int] = {}
+        jobs = batch.jobs
+        if not jobs:
+            return taken
+        if len(jobs) == sum(asked.values()):
+            await self._claim_ahead(asked)
+        now, loop = self._clock.now(), asyncio.get_running_loop()
+        for claimed in jobs:
+            self._launch(claimed, now, loop)
+            taken[claimed.queue] = taken.get(claimed.queue, 0) + 1
         return taken
+
+    async def _claim_ahead(self, asked: dict[str, int]) -> None:
+        """Send the claim the loop would send after launching a full batch of ``asked``: a full
+        batch gave each queue exactly what it asked, so the slots left are known before its
+        rows are read. Not under process limits, whose room depends on the rows themselves."""
+        if self._limits is not None or not self._accepting:
+            return
+        free = {
+            queue: left
+            for queue, slots in self._slots.items()
+            if (left := slots - self._busy[queue] - asked.get(queue, 0)) > 0
+        }
+        if not free:
+            return
+        ask = self._half_of_the_slots(free)
+        self._ahead = (ask, self._clock.now(), asyncio.ensure_future(self._fetch(ask)))
+        await asyncio.sleep(0)  # the claim goes out now, before this batch is launched
 
     def _until_reminder(self, wait: float | None, began: datetime) -> float | None:
         """Shorten ``wait`` to the earliest row this worker handed back that falls due after the

@@ -31,11 +31,9 @@ from ultimat3.jobs.core.jsonvalue import json_text
 from ultimat3.jobs.core.logs import log_claim_answer_lost, log_nack_answer_lost
 from ultimat3.jobs.core.model import (
     AckOptions,
-    ClaimedJob,
     ClaimRef,
     Enqueued,
     EnqueueRequest,
-    ExhaustedJob,
     NackOptions,
     QueueStats,
     StepRecord,
@@ -57,8 +55,8 @@ from .executor import (
 from .introspect import PostgresIntrospection
 from .leases import PostgresLeaseStore
 from .rows import (
+    ClaimedRows,
     announce_params,
-    claimed_job,
     copy_rows,
     enqueue_answers,
     enqueue_one_params,
@@ -527,17 +525,12 @@ def _batch(
         return ClaimBatch()
     order = {queue: index for index, queue in enumerate(wanted)}
     rows.sort(key=lambda row: (order.get(row[4], len(order)), row[10], row[1]))
-    jobs: list[ClaimedJob] = []
-    exhausted: list[ExhaustedJob] = []
-    ref: ClaimRef | None = None
-    for row in rows:
-        if row[0] == "running":
-            if ref is None or ref.claim != row[14]:
-                ref = ClaimRef(worker_id, row[14])
-            jobs.append(claimed_job(row, claim=ref, lease_until=lease_until))
-        else:
-            exhausted.append(exhausted_job(row))
-    return ClaimBatch(jobs=jobs, exhausted=exhausted)
+    taken = [row for row in rows if row[0] == "running"]
+    exhausted = [exhausted_job(row) for row in rows if row[0] != "running"]
+    return ClaimBatch(
+        jobs=ClaimedRows(taken, worker_id=worker_id, lease_until=lease_until),
+        exhausted=exhausted,
+    )
 
 
 def _rounds(requests: Sequence[EnqueueRequest], positions: range) -> list[list[int]]:
