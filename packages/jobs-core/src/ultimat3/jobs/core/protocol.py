@@ -23,10 +23,10 @@ outage without naming the backend.
 from __future__ import annotations
 
 import builtins
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Protocol, runtime_checkable
+from typing import Generic, Protocol, TypeVar, overload, runtime_checkable
 
 from .clock import Clock
 from .model import (
@@ -59,6 +59,7 @@ from .model import (
 __all__ = [
     "BackfillLedger",
     "ClaimBatch",
+    "ClaimedOnRead",
     "EventBus",
     "JobDriver",
     "JobIntrospection",
@@ -81,6 +82,46 @@ class ClaimBatch:
 
     jobs: Sequence[ClaimedJob] = ()
     exhausted: Sequence[ExhaustedJob] = field(default_factory=tuple)
+
+
+RowT = TypeVar("RowT")
+
+
+class ClaimedOnRead(Sequence[ClaimedJob], Generic[RowT]):
+    """A claim's jobs as the backend answered them, decoded by ``decode`` when first read.
+
+    A driver may hand this as ``ClaimBatch.jobs``: counting the jobs decodes nothing, and a worker
+    whose batch came back full sends its next claim before it pays for decoding this one."""
+
+    __slots__ = ("_decode", "_jobs", "_rows")
+
+    def __init__(
+        self, rows: Sequence[RowT], decode: Callable[[Sequence[RowT]], list[ClaimedJob]]
+    ) -> None:
+        self._rows = rows
+        self._decode = decode
+        self._jobs: list[ClaimedJob] | None = None
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    @overload
+    def __getitem__(self, index: int) -> ClaimedJob: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[ClaimedJob]: ...
+    def __getitem__(self, index: int | slice) -> ClaimedJob | list[ClaimedJob]:
+        return self._decoded()[index]
+
+    def __iter__(self) -> Iterator[ClaimedJob]:
+        return iter(self._decoded())
+
+    def __repr__(self) -> str:
+        return repr(self._decoded())
+
+    def _decoded(self) -> list[ClaimedJob]:
+        if self._jobs is None:
+            self._jobs = self._decode(self._rows)
+        return self._jobs
 
 
 @runtime_checkable

@@ -16,6 +16,7 @@ from __future__ import annotations
 import builtins
 from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime, timedelta
+from functools import partial
 from operator import itemgetter
 from typing import Any
 
@@ -39,7 +40,7 @@ from ultimat3.jobs.core.model import (
     StepRecord,
 )
 from ultimat3.jobs.core.nack import nack_counter, nack_state
-from ultimat3.jobs.core.protocol import ClaimBatch
+from ultimat3.jobs.core.protocol import ClaimBatch, ClaimedOnRead
 
 from .backfills import PostgresBackfillLedger
 from .events import PostgresEventBus
@@ -55,8 +56,8 @@ from .executor import (
 from .introspect import PostgresIntrospection
 from .leases import PostgresLeaseStore
 from .rows import (
-    ClaimedRows,
     announce_params,
+    claimed_jobs,
     copy_rows,
     enqueue_answers,
     enqueue_one_params,
@@ -527,10 +528,8 @@ def _batch(
     rows.sort(key=lambda row: (order.get(row[4], len(order)), row[10], row[1]))
     taken = [row for row in rows if row[0] == "running"]
     exhausted = [exhausted_job(row) for row in rows if row[0] != "running"]
-    return ClaimBatch(
-        jobs=ClaimedRows(taken, worker_id=worker_id, lease_until=lease_until),
-        exhausted=exhausted,
-    )
+    decode = partial(claimed_jobs, worker_id=worker_id, lease_until=lease_until)
+    return ClaimBatch(jobs=ClaimedOnRead(taken, decode), exhausted=exhausted)
 
 
 def _rounds(requests: Sequence[EnqueueRequest], positions: range) -> list[list[int]]:

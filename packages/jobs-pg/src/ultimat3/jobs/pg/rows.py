@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any, overload
+from typing import Any
 
 from ultimat3.jobs.core.constants import WAKE_DUE_WITHIN_S, WAKE_SLOT_S
 from ultimat3.jobs.core.jsonvalue import json_text
@@ -25,10 +25,10 @@ from ultimat3.jobs.core.model import (
 )
 
 __all__ = [
-    "ClaimedRows",
     "announce_params",
     "backfill_row",
     "claimed_job",
+    "claimed_jobs",
     "copy_rows",
     "enqueue_answers",
     "enqueue_one_params",
@@ -249,46 +249,18 @@ def claimed_job(row: Sequence[Any], *, claim: ClaimRef, lease_until: datetime) -
     )
 
 
-class ClaimedRows(Sequence[ClaimedJob]):
-    """The rows a claim took, decoded when first read. Counting them decodes nothing, so a
-    worker that got a full batch sends its next claim before it pays for decoding this one."""
-
-    __slots__ = ("_jobs", "_lease_until", "_rows", "_worker_id")
-
-    def __init__(
-        self, rows: Sequence[Sequence[Any]], *, worker_id: str, lease_until: datetime
-    ) -> None:
-        self._rows = rows
-        self._worker_id = worker_id
-        self._lease_until = lease_until
-        self._jobs: list[ClaimedJob] | None = None
-
-    def __len__(self) -> int:
-        return len(self._rows)
-
-    @overload
-    def __getitem__(self, index: int) -> ClaimedJob: ...
-    @overload
-    def __getitem__(self, index: slice) -> list[ClaimedJob]: ...
-    def __getitem__(self, index: int | slice) -> ClaimedJob | list[ClaimedJob]:
-        return self._decoded()[index]
-
-    def __iter__(self) -> Iterator[ClaimedJob]:
-        return iter(self._decoded())
-
-    def __repr__(self) -> str:
-        return repr(self._decoded())
-
-    def _decoded(self) -> list[ClaimedJob]:
-        if self._jobs is None:
-            ref: ClaimRef | None = None  # one per claim token: a batch usually shares one
-            jobs = []
-            for row in self._rows:
-                if ref is None or ref.claim != row[14]:
-                    ref = ClaimRef(self._worker_id, row[14])
-                jobs.append(claimed_job(row, claim=ref, lease_until=self._lease_until))
-            self._jobs = jobs
-        return self._jobs
+def claimed_jobs(
+    rows: Sequence[Sequence[Any]], *, worker_id: str, lease_until: datetime
+) -> list[ClaimedJob]:
+    """The taken rows of SQL_CLAIM (or SQL_CLAIM_HELD), each under the ``ClaimRef`` of its own
+    claim token: one shared by the whole batch, as a batch usually has one token."""
+    jobs = []
+    ref: ClaimRef | None = None
+    for row in rows:
+        if ref is None or ref.claim != row[14]:
+            ref = ClaimRef(worker_id, row[14])
+        jobs.append(claimed_job(row, claim=ref, lease_until=lease_until))
+    return jobs
 
 
 def exhausted_job(row: Sequence[Any]) -> ExhaustedJob:

@@ -36,6 +36,7 @@ __all__ = [
     "live_key",
     "optional",
     "read_claimed",
+    "read_claimed_rows",
     "read_enqueued",
     "read_exhausted",
     "read_optional",
@@ -199,6 +200,11 @@ def read_claimed(values: Sequence[Any], steps: Sequence[str]) -> ClaimedJob:
         enqueued_by=enqueued_by,
         traceparent=traceparent,
     )
+
+
+def read_claimed_rows(rows: Sequence[Sequence[Any]]) -> list[ClaimedJob]:
+    """The claim script's taken rows, each a pair of its ``CLAIMED_FIELDS`` values and steps."""
+    return [read_claimed(values, steps) for values, steps in rows]
 
 
 def read_exhausted(values: Sequence[Any]) -> ExhaustedJob:

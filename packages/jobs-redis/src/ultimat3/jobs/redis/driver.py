@@ -39,14 +39,14 @@ from ultimat3.jobs.core.model import (
     without_done,
 )
 from ultimat3.jobs.core.nack import nack_counter, nack_state
-from ultimat3.jobs.core.protocol import ClaimBatch
+from ultimat3.jobs.core.protocol import ClaimBatch, ClaimedOnRead
 
 from .backfills import RedisBackfillLedger
 from .codec import (
     encode_step,
     from_us,
     optional,
-    read_claimed,
+    read_claimed_rows,
     read_enqueued,
     read_exhausted,
     request_args,
@@ -211,7 +211,7 @@ class RedisJobDriver:
             )
             log_claim_answer_lost(worker_id, len(claimed), len(exhausted), lost)
         return ClaimBatch(
-            jobs=[read_claimed(values, steps) for values, steps in claimed],
+            jobs=ClaimedOnRead(claimed, read_claimed_rows),
             exhausted=[read_exhausted(values) for values in exhausted],
         )
 
