@@ -5,7 +5,11 @@ slot, and a slot coming free asks for a pass at once, so a busy worker refills a
 finish and a full one asks the queue for nothing. A pass asks for at most half of a queue's slots,
 and one that comes back full is followed by another at once while slots are free: the next batch
 is on the wire while the last one runs, where whole-concurrency batches would leave the worker
-idle during every claim and the database idle during every batch.
+idle during every claim and the database idle during every batch (asking for every free slot
+measured a quarter fewer jobs a second on a drain). That next claim is sent before the full batch
+is launched: the batch gave each queue exactly what it asked, so the slots left are known without
+reading its rows, and the claim's round trip overlaps their decoding (``ClaimedOnRead``) and
+launch — about a tenth more jobs a second on a Postgres drain.
 
 Idle, the loop backs off from ``poll_interval`` (250 ms) doubling to the idle ceiling — 2 s, or
 5 s while a cross-process ``wake`` is proven live — and anything that rings it (an in-process
