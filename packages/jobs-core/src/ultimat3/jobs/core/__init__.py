@@ -71,6 +71,7 @@ from .outbox import OutboxJobsFacade, OutboxRelay, outbox_jobs_facade, outbox_re
 from .protocol import (
     BackfillLedger,
     ClaimBatch,
+    ClaimedOnRead,
     EventBus,
     JobDriver,
     JobIntrospection,
@@ -126,6 +127,7 @@ __all__ = [
     "ClaimBatch",
     "ClaimRef",
     "ClaimedJob",
+    "ClaimedOnRead",
     "Clock",
     "Concurrency",
     "Enqueued",
