@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -30,8 +30,8 @@ from ultimat3.jobs.core import (
 from ultimat3.jobs.core.constants import UNDECLARED_GRACE_S, UNDECLARED_RETRY_S
 from ultimat3.jobs.core.durations import Duration
 from ultimat3.jobs.core.memory import MemoryJobDriver
-from ultimat3.jobs.core.model import WorkerInfo
-from ultimat3.jobs.core.protocol import ClaimBatch
+from ultimat3.jobs.core.model import ClaimedJob, WorkerInfo
+from ultimat3.jobs.core.protocol import ClaimBatch, ClaimedOnRead
 from ultimat3.jobs.core.wake import signal_wake_lost
 
 
@@ -575,6 +575,42 @@ async def test_a_context_factory_that_raises_fails_the_attempt_without_the_body(
     assert detail is not None
     assert ran == []
     assert "no database" in (detail.row.last_error or "")
+
+
+async def test_a_claim_whose_rows_cannot_be_read_is_a_failed_claim_and_the_loop_goes_on(
+    driver: MemoryJobDriver, clock: FrozenClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A batch decoded as the worker reads it (``ClaimedOnRead``) fails there, not in the
+    driver's claim: the same warning as any failed claim, and the next pass claims again."""
+    ran: list[int] = []
+
+    async def body(*, input: Item) -> None:
+        ran.append(input.n)
+
+    def unreadable(rows: Sequence[str]) -> list[ClaimedJob]:
+        raise ValueError(f"cannot decode {list(rows)}")
+
+    handle = item_job(body)
+    spy = ClaimSpy(driver)
+    original = spy.claim
+    calls = 0
+
+    async def claim(**kwargs: Any) -> ClaimBatch:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            return ClaimBatch(jobs=ClaimedOnRead(["garbled"], unreadable))
+        return await original(**kwargs)
+
+    spy.claim = claim  # type: ignore[method-assign]
+    with caplog.at_level(logging.WARNING, logger="ultimat3.jobs"):
+        async with spy.worker(jobs=[handle], clock=clock):
+            await until(lambda: calls == 1)
+            await handle.enqueue(Item(1))
+            await until(lambda: ran == [1])
+    failed = [r for r in caplog.records if getattr(r, "event", "") == "jobs.worker.claim-failed"]
+    assert len(failed) == 1
+    assert "cannot decode ['garbled']" in failed[0].jobs["error"]
 
 
 async def test_stats_count_how_each_attempt_ended(

@@ -657,11 +657,15 @@ class JobWorker:
         for exhausted in batch.exhausted:
             self._announce(exhausted)
         taken: dict[str, int] = {}
-        jobs = batch.jobs
-        if not jobs:
+        if not batch.jobs:
             return taken
-        if len(jobs) == sum(asked.values()):
+        if len(batch.jobs) == sum(asked.values()):
             await self._claim_ahead(asked)
+        try:
+            jobs = list(batch.jobs)  # decoded here, when a driver hands ClaimedOnRead
+        except Exception as exc:  # its rows return when their leases lapse
+            log_event(logging.WARNING, "jobs.worker.claim-failed", worker=self.id, error=repr(exc))
+            return taken
         now, loop = self._clock.now(), asyncio.get_running_loop()
         for claimed in jobs:
             self._launch(claimed, now, loop)
