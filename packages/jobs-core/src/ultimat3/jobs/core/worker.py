@@ -593,10 +593,9 @@ class JobWorker:
             wait: float | None
             try:
                 self._flush_tally()
-                ahead, self._ahead = self._ahead, None
-                if ahead is not None:  # sent before the last batch was launched
-                    asked, began, answer = ahead
-                    taken = await self._take(asked, await answer)
+                taken_ahead = await self._take_ahead()
+                if taken_ahead is not None:
+                    asked, began, taken = taken_ahead
                 else:
                     began = self._clock.now()
                     asked = self._free()
@@ -627,10 +626,7 @@ class JobWorker:
             self._sleep_until = None if wait is None else now + timedelta(seconds=wait)
             if await self._wakeup.wait(self._clock, wait):
                 idle_wait = self._poll
-        if self._ahead is not None:  # its rows go back: claimed as the drain began
-            asked, _, answer = self._ahead
-            self._ahead = None
-            await self._take(asked, await answer)
+        await self._take_ahead()  # its rows go back: claimed as the drain began
 
     def _flush_tally(self) -> None:
         tally, self._tally = self._tally, {}
@@ -672,6 +668,15 @@ class JobWorker:
             taken[claimed.queue] = taken.get(claimed.queue, 0) + 1
         return taken
 
+    async def _take_ahead(self) -> tuple[dict[str, int], datetime, dict[str, int]] | None:
+        """Take the claim sent ahead, if one is out: what it asked, when it was sent, and how
+        many rows each queue gave."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is None:
+            return None
+        asked, sent, answer = ahead
+        return asked, sent, await self._take(asked, await answer)
+
     async def _claim_ahead(self, asked: dict[str, int]) -> None:
         """Send the claim the loop would send after launching a full batch of ``asked``: a full
         batch gave each queue exactly what it asked, so the slots left are known before its
@@ -680,8 +685,8 @@ class JobWorker:
             return
         free = {
             queue: left
-            for queue, slots in self._slots.items()
-            if (left := slots - self._busy[queue] - asked.get(queue, 0)) > 0
+            for queue, count in self._free().items()
+            if (left := count - asked.get(queue, 0)) > 0
         }
         if not free:
             return
