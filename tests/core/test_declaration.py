@@ -85,6 +85,17 @@ def test_a_concurrency_key_that_is_not_a_function_is_refused() -> None:
         declare(concurrency=Concurrency(key="account_id", limit=1))  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(
+    "cap",
+    [{"limit": 1}, {"key": lambda i: i.account_id, "limit": 1, "whenBusy": "fail"}],
+    ids=["without-key", "unknown-field"],
+)
+def test_a_concurrency_mapping_that_is_no_concurrency_is_refused(cap: object) -> None:
+    with pytest.raises(JobDeclarationInvalidError) as caught:
+        declare(concurrency=cap)
+    assert caught.value.code == "X_JOB_DECLARATION_INVALID"
+
+
 def test_when_busy_outside_wait_and_fail_is_refused() -> None:
     with pytest.raises(JobDeclarationInvalidError):
         declare(concurrency=Concurrency(key=lambda i: i.account_id, when_busy="queue"))  # type: ignore[arg-type]

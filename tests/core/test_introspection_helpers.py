@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -9,6 +10,8 @@ import pytest
 from ultimat3.jobs.core import (
     CancelUnsupportedError,
     IntrospectionUnsupportedError,
+    InvariantError,
+    JobFilter,
     memory_job_driver,
 )
 from ultimat3.jobs.core.introspection import (
@@ -55,3 +58,12 @@ async def test_cancel_without_introspect_is_x_job_not_cancellable() -> None:
 def test_the_manifest_lists_declared_jobs() -> None:
     names = {d.name for d in inspect_manifest().jobs}
     assert names  # every test module's jobs are registered in this process
+
+
+@pytest.mark.parametrize("bound", ["created_from", "created_to"])
+def test_a_naive_created_bound_is_refused_where_the_filter_is_built(bound: str) -> None:
+    """Each backend would read a naive time differently (or fail deep in a driver)."""
+    with pytest.raises(InvariantError) as refused:
+        JobFilter(**{bound: datetime(2026, 1, 1)})
+    assert refused.value.code == "X_INVARIANT"
+    assert refused.value.meta == {"field": bound}

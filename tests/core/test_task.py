@@ -63,6 +63,23 @@ def test_catch_up_and_max_catch_up_are_checked() -> None:
         task(cron="0 3 * * *", tz="UTC", enqueue=list, max_catch_up=0)
 
 
+async def _entries_later() -> list[object]:
+    return []
+
+
+class _AsyncEntries:
+    async def __call__(self) -> list[object]:
+        return []
+
+
+@pytest.mark.parametrize("enqueue", [_entries_later, _AsyncEntries()], ids=["def", "__call__"])
+def test_an_async_enqueue_is_refused_where_the_task_is_declared(enqueue: object) -> None:
+    """describe() and every fire call it without awaiting: it would fail at each of them."""
+    with pytest.raises(JobDeclarationInvalidError, match="not an async one") as caught:
+        task(cron="0 3 * * *", tz="UTC", enqueue=enqueue)  # type: ignore[call-overload]
+    assert caught.value.code == "X_JOB_DECLARATION_INVALID"
+
+
 def test_describe_lists_the_jobs_in_declaration_order() -> None:
     nightly = task(
         cron="0 3 * * *",

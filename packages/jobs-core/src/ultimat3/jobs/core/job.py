@@ -535,7 +535,12 @@ def _check_concurrency(value: Any) -> _Cap | None:
     if value is None:
         return None
     if isinstance(value, Mapping):
-        value = Concurrency(**value)
+        try:
+            value = Concurrency(**value)
+        except TypeError as exc:  # a field missing or unknown: the Mapping is not a Concurrency
+            raise JobConcurrencyInvalidError(
+                f"concurrency: {exc}", meta={"field": "concurrency"}
+            ) from exc
     if isinstance(value, Concurrency):
         if not callable(value.key):
             raise JobConcurrencyInvalidError(

@@ -340,6 +340,14 @@ class JobFilter:
     def __post_init__(self) -> None:
         if self.state is not None:
             object.__setattr__(self, "state", job_state(self.state))
+        for bound in ("created_from", "created_to"):
+            value = getattr(self, bound)
+            if value is not None and (not isinstance(value, datetime) or value.tzinfo is None):
+                raise InvariantError(
+                    f"{bound} must be an aware datetime (a naive one names no instant), "
+                    f"got {value!r}",
+                    meta={"field": bound},
+                )
 
 
 @dataclass(frozen=True, slots=True)

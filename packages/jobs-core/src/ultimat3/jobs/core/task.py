@@ -69,6 +69,13 @@ class TaskHandle(registry.Declared):
             raise JobDeclarationInvalidError(
                 "task enqueue must be a function", meta={"field": "enqueue"}
             )
+        if _awaits(enqueue):
+            raise JobDeclarationInvalidError(
+                "task enqueue must be a plain function answering the occurrence's (job, input) "
+                "pairs, not an async one: describe() and every fire read it without I/O. Work "
+                "that must read a store first is a fan-out job the task enqueues",
+                meta={"field": "enqueue"},
+            )
         self.cron = _check_cron(cron)
         self.tz = _check_tz(tz)
         self.zone = ZoneInfo(self.tz)
@@ -237,3 +244,11 @@ def task(
         )
 
     return declare(enqueue) if enqueue is not None else declare
+
+
+def _awaits(enqueue: object) -> bool:
+    """Whether calling ``enqueue`` answers an awaitable rather than its entries: an ``async def``
+    function, or an object whose ``__call__`` is one."""
+    return inspect.iscoroutinefunction(enqueue) or inspect.iscoroutinefunction(
+        getattr(enqueue, "__call__", None)  # noqa: B004 - the method itself is what is asked
+    )

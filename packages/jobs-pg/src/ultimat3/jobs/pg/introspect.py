@@ -89,8 +89,10 @@ class PostgresIntrospection:
 
     async def list(self, filter: JobFilter) -> JobPage:
         limit = page_limit(filter)
+        before = None if filter.before is None else parse_cursor(filter.before, which="before")
+        after = None if filter.after is None else parse_cursor(filter.after, which="after")
         if _unstorable(filter.queue, filter.name, filter.tenant_id, filter.id_prefix):
-            return JobPage(rows=[], limit=limit)
+            return JobPage(rows=[], limit=limit)  # no row holds it (the cursors were checked)
         params: dict[str, Any] = {
             "queue": filter.queue,
             "name": filter.name,
@@ -101,14 +103,12 @@ class PostgresIntrospection:
             "created_to": filter.created_to,
             "page": limit,
         }
-        if filter.before is not None:
-            params["before_at"], params["before_id"] = parse_cursor(filter.before, which="before")
+        if before is not None:
+            params["before_at"], params["before_id"] = before
             rows = await self._executor.fetch_dicts(SQL_JOB_LIST_BEFORE, params, idempotent=True)
             rows.reverse()
         else:
-            params["after_at"], params["after_id"] = (
-                (None, None) if filter.after is None else parse_cursor(filter.after, which="after")
-            )
+            params["after_at"], params["after_id"] = (None, None) if after is None else after
             rows = await self._executor.fetch_dicts(SQL_JOB_LIST, params, idempotent=True)
         return JobPage(rows=[job_row(row) for row in rows], limit=limit)
 

@@ -28,12 +28,17 @@ from ..model import (
     TaskFire,
     WorkerInfo,
 )
+from ..wake import signal_enqueued
 from .state import MemoryState, Row
 
 __all__ = ["MemoryIntrospection"]
 
 
 class MemoryIntrospection:
+    """Every operation that makes rows due (requeue, promote, their bulk forms, resume_queue)
+    announces their queues through ``signal_enqueued``, the memory driver's whole wake, as the
+    other drivers' statements announce theirs on the backend."""
+
     def __init__(self, state: MemoryState) -> None:
         self._state = state
 
@@ -95,6 +100,7 @@ class MemoryIntrospection:
             for name in [name for name, step in steps.items() if step.seq >= cut.seq]:
                 del steps[name]
         self._ready(row)
+        signal_enqueued(row.queue)
         return row.public()
 
     def _ready(self, row: Row) -> None:
@@ -119,6 +125,7 @@ class MemoryIntrospection:
             raise refusals.not_promotable(job_id, row.state.value)
         row.run_at = self._state.now()
         self._state.move(row, JobState.READY)
+        signal_enqueued(row.queue)
         return row.public()
 
     # -- many rows ---------------------------------------------------------------------------
@@ -138,18 +145,19 @@ class MemoryIntrospection:
 
     async def requeue_many(self, filter: BulkFilter) -> BulkResult:
         refusals.check_requeue_many(filter)
-        moved = 0
+        moved: builtins.list[Row] = []
         for row in self._selected(filter):
-            if moved == MAX_BULK_ROWS:
+            if len(moved) == MAX_BULK_ROWS:
                 break
             if row.live_key in self._state.live:
                 continue
             self._ready(row)
-            moved += 1
+            moved.append(row)
+        _announce(moved)
         free_keys = {
             row.live_key for row in self._selected(filter) if row.live_key not in self._state.live
         }
-        return BulkResult(affected=moved, remaining=len(free_keys))
+        return BulkResult(affected=len(moved), remaining=len(free_keys))
 
     async def remove_many(self, filter: BulkFilter) -> BulkResult:
         refusals.check_remove_many(filter)
@@ -167,6 +175,7 @@ class MemoryIntrospection:
         for row in waiting[:MAX_BULK_ROWS]:
             row.run_at = now
             self._state.move(row, JobState.READY)
+        _announce(waiting[:MAX_BULK_ROWS])
         return BulkResult(
             affected=min(len(waiting), MAX_BULK_ROWS),
             remaining=max(0, len(waiting) - MAX_BULK_ROWS),
@@ -179,6 +188,7 @@ class MemoryIntrospection:
 
     async def resume_queue(self, queue: str) -> None:
         self._state.paused_queues.discard(queue)
+        signal_enqueued(queue)
 
     async def paused_queues(self) -> builtins.list[str]:
         return sorted(self._state.paused_queues)
@@ -262,3 +272,9 @@ def _matches(row: Row, filter: JobFilter) -> bool:
         lambda: filter.created_to is None or row.created_at < filter.created_to,
     )
     return all(check() for check in checks)
+
+
+def _announce(rows: Iterable[Row]) -> None:
+    """Each queue of ``rows`` announced once."""
+    for queue in sorted({row.queue for row in rows}):
+        signal_enqueued(queue)

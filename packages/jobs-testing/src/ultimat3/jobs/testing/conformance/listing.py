@@ -121,6 +121,14 @@ class ListingRules:
         assert refused.value.meta.get("cursor") == "before"
         assert "before" in refused.value.message
 
+    async def test_a_foreign_cursor_is_refused_beside_a_filter_no_row_can_match(
+        self, jobs: Conformance
+    ) -> None:
+        """A queue holding NUL matches nothing on any backend; the cursor is still checked."""
+        with pytest.raises(JobPageInvalidError) as refused:
+            await jobs.introspect.list(JobFilter(queue="a\x00b", after="not-a-cursor"))
+        assert refused.value.meta.get("cursor") == "after"
+
     async def test_list_filters_by_queue(self, jobs: Conformance) -> None:
         mail = await jobs.enqueue(queue="mail")
         await jobs.enqueue(queue="billing")
