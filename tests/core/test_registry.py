@@ -121,6 +121,23 @@ def test_tasks_follow_the_same_rules() -> None:
         define_api(tasks=[module(name, a=handle, b=handle)])
 
 
+def test_two_lambdas_of_one_module_setting_the_same_name_are_refused() -> None:
+    """They share a module and a qualified name (``<lambda>``): only their lines tell them apart,
+    so they are two declarations, not one module imported twice."""
+    taken = f"{module_name()}.purge"
+    task(cron="0 3 * * *", tz="UTC", name=taken, enqueue=lambda: ())
+    with pytest.raises(JobNameTakenError) as caught:
+        task(cron="0 0 * * *", tz="UTC", name=taken, enqueue=lambda: ())
+    assert caught.value.code == "X_JOB_DUPLICATE"
+
+
+def test_the_same_declaration_seen_again_keeps_its_name() -> None:
+    """A module imported again (or reloaded) declares the same function, at the same line."""
+    taken = f"{module_name()}.again"
+    for _ in range(2):
+        task(cron="0 3 * * *", tz="UTC", name=taken, enqueue=lambda: ())
+
+
 async def test_a_job_whose_name_routes_to_another_declaration_refuses_to_enqueue(
     driver: Any,
 ) -> None:

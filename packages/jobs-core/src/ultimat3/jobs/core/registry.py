@@ -41,7 +41,9 @@ def anonymous_name(kind: str) -> str:
 
 def _same_declaration(a: Any, b: Any) -> bool:
     """A module re-imported (or reloaded) declares the same thing again: same module, same
-    qualified name. That is one declaration seen twice, not a collision."""
+    qualified name, same line. That is one declaration seen twice, not a collision. (The line
+    tells apart what shares a qualified name in one module: two lambdas, two functions defined
+    in one enclosing function.)"""
     return bool(a is b or (a.origin is not None and a.origin == b.origin))
 
 
@@ -83,7 +85,9 @@ class Declared:
     def _declare(self, fn: Callable[..., Any], name: str | None) -> None:
         self.module = getattr(fn, "__module__", None)
         qualname = getattr(fn, "__qualname__", None)
-        self.origin = f"{self.module}:{qualname}" if self.module and qualname else None
+        code = getattr(fn, "__code__", None)
+        line = getattr(code, "co_firstlineno", "")
+        self.origin = f"{self.module}:{qualname}:{line}" if self.module and qualname else None
         self.explicit_name = name is not None
         if name is not None:
             if not isinstance(name, str) or not name.strip():
