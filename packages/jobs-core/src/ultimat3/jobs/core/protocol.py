@@ -297,7 +297,9 @@ class BackfillLedger(Protocol):
     async def begin(
         self, *, name: str, run_id: str, checksum: str, app_version: str | None = None
     ) -> BackfillRow:
-        """Open the row for ``run_id``, or adopt it if this run opened it on an earlier attempt."""
+        """Open the row for ``run_id``, or adopt it if this run opened it on an earlier attempt
+        (``started_at`` kept; a row the last attempt left ``failed`` is ``running`` again, its
+        error cleared: the pass is in flight)."""
         ...
 
     async def checkpoint(self, run_id: str, *, rows: int, cursor: JsonValue) -> None: ...

@@ -14,14 +14,16 @@ __all__ = [
 SQL_BACKFILL_BEGIN = """
 -- Parameters: name, run_id, checksum, app_version, now.
 -- Opens the row for this run, or adopts the one an earlier attempt of the same run opened
--- (started_at stays when the pass began). Answers the row.
--- The conflict arm is an update that changes nothing rather than DO NOTHING and a second read:
--- a begin racing another for the same run waits for its row and answers it, where a read in this
--- statement's snapshot would find nothing.
+-- (started_at stays when the pass began; a row that attempt left failed is running again, its
+-- error cleared). Answers the row.
+-- The conflict arm is an update rather than DO NOTHING and a second read: a begin racing another
+-- for the same run waits for its row and answers it, where a read in this statement's snapshot
+-- would find nothing.
 insert into x_backfills as b (run_id, name, checksum, status, app_version, rows, started_at)
 values (%(run_id)s, %(name)s, %(checksum)s, 'running', %(app_version)s, 0, %(now)s)
 on conflict (run_id) do update
-set run_id = excluded.run_id
+set status = case when b.status = 'failed' then 'running' else b.status end,
+    error = case when b.status = 'failed' then null else b.error end
 returning b.name, b.run_id, b.checksum, b.status, b.app_version, b.rows, b.cursor, b.started_at,
           b.completed_at, b.error
 """

@@ -20,6 +20,8 @@ class MemoryBackfillLedger:
     ) -> BackfillRow:
         held = self._rows.get(run_id)
         if held is not None:
+            if held.status == "failed":  # this run's next attempt: the pass is in flight again
+                held = self._rows[run_id] = replace(held, status="running", error=None)
             return held
         row = BackfillRow(
             name=name,

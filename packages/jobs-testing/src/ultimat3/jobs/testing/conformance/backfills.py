@@ -33,6 +33,30 @@ class BackfillRules:
         assert (adopted.started_at, adopted.checksum) == (first.started_at, "c1")
         assert (adopted.rows, adopted.cursor, adopted.status) == (500, {"id": 500}, "running")
 
+    async def test_a_retry_adopting_a_failed_pass_puts_it_in_flight_again(
+        self, jobs: Conformance
+    ) -> None:
+        ledger = jobs.backfills
+        first = await ledger.begin(name="b", run_id="run-1", checksum="c1")
+        await ledger.checkpoint("run-1", rows=500, cursor={"id": 500})
+        await ledger.fail("run-1", "X_BOOM: the table is locked")
+        jobs.advance(60)
+        adopted = await ledger.begin(name="b", run_id="run-1", checksum="c1")
+        assert (adopted.status, adopted.error, adopted.started_at) == (
+            "running",
+            None,
+            first.started_at,
+        )
+        assert (adopted.rows, adopted.cursor) == (500, {"id": 500})
+        assert await ledger.latest("b") == adopted
+
+    async def test_a_completed_pass_adopted_again_stays_completed(self, jobs: Conformance) -> None:
+        ledger = jobs.backfills
+        await ledger.begin(name="b", run_id="run-1", checksum="c1")
+        await ledger.complete("run-1", rows=10, cursor=None)
+        adopted = await ledger.begin(name="b", run_id="run-1", checksum="c1")
+        assert (adopted.status, adopted.rows) == ("completed", 10)
+
     async def test_checkpoint_records_rows_and_cursor(self, jobs: Conformance) -> None:
         ledger = jobs.backfills
         await ledger.begin(name="b", run_id="run-1", checksum="c1")
