@@ -21,6 +21,8 @@ from ultimat3.jobs.core import (
     job,
     memory_event_bus,
     memory_job_driver,
+    publish_event,
+    set_event_bus,
 )
 from ultimat3.jobs.core.events import MemoryEventBus
 from ultimat3.jobs.core.memory import MemoryJobDriver
@@ -91,6 +93,11 @@ async def await_payment(*, input: Order, step: Step) -> Any:
 @job(input=Order, idempotency_key=_key, tenant="none", name="run-jobs-pay")
 async def pay(*, input: Order, ctx: Any) -> None:
     await ctx.services.bus.publish("payment.settled", {"order": input.order_id, "cents": 500})
+
+
+@job(input=Order, idempotency_key=_key, tenant="none", name="run-jobs-pay-installed")
+async def pay_installed(*, input: Order) -> None:
+    await publish_event("payment.settled", {"order": input.order_id, "cents": 700})
 
 
 @job(
@@ -276,6 +283,23 @@ async def test_a_wait_resumes_when_another_job_publishes(
     assert [e.outcome for e in waits][-1] == "completed"
     assert waits[-1].result == {"order": "o-1", "cents": 500}
     assert all(e.outcome == "suspended" for e in waits[:-1])
+
+
+async def test_a_wait_reads_the_installed_bus_publish_event_went_to(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    """No ``events=``: the wait reads the bus ``set_event_bus`` installed, as ``publish_event``
+    writes to it — not the driver's own, which nobody published on."""
+    installed = memory_event_bus(clock)
+    set_event_bus(installed)
+    try:
+        await _enqueue(driver, await_payment, "o-1")
+        await _enqueue(driver, pay_installed, "o-1", delay="5m")
+        executions = await run_jobs(driver, max_attempts_guard=20)
+    finally:
+        set_event_bus(None)
+    waits = [e for e in executions if e.name == "run-jobs-await-payment"]
+    assert (waits[-1].outcome, waits[-1].result) == ("completed", {"order": "o-1", "cents": 700})
 
 
 async def test_a_wait_times_out_on_the_moving_clock(

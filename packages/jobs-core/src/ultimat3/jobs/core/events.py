@@ -1,9 +1,13 @@
 """The event bus ``step.wait_for_event`` matches against, and the in-memory one.
 
-``publish_event`` goes to the installed bus: the one ``set_event_bus`` installed, else the
-installed driver's own (when it offers one), else this process's memory bus. ``reset_event_bus``
-is the test seam beside ``reset_job_driver``: an event stays matchable until it expires, so one
-test's answer would otherwise resume the next test's wait.
+Both sides pick their bus in one order (``resolve_event_bus``): a bus passed explicitly (a
+worker's or ``execute_job``'s ``events=``), else the one ``set_event_bus`` installed, else the
+driver's own (when it offers one), else this process's memory bus. ``publish_event`` passes no bus
+and knows no driver but the installed one, so with the worker's driver installed
+(``set_job_driver``) and no ``events=`` given anywhere, an answer and its wait share one bus.
+
+``reset_event_bus`` is the test seam beside ``reset_job_driver``: an event stays matchable until
+it expires, so one test's answer would otherwise resume the next test's wait.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from .facade import installed_driver
 from .ids import new_id
 from .jsonvalue import json_contains, json_roundtrip
 from .model import EventRecord, JsonValue
-from .protocol import EventBus
+from .protocol import EventBus, JobDriver
 
 __all__ = [
     "MemoryEventBus",
@@ -27,6 +31,7 @@ __all__ = [
     "memory_event_bus",
     "publish_event",
     "reset_event_bus",
+    "resolve_event_bus",
     "set_event_bus",
 ]
 
@@ -99,13 +104,27 @@ def set_event_bus(bus: EventBus | None) -> None:
     _installed = bus
 
 
-def event_bus() -> EventBus:
+def resolve_event_bus(
+    events: EventBus | None = None, *, driver: JobDriver | None = None
+) -> EventBus:
+    """The bus to publish on or wait on, the one order both sides use: ``events`` when given,
+    else the bus ``set_event_bus`` installed, else ``driver``'s own (the installed driver's
+    when ``driver`` is None or offers none), else this process's memory bus."""
+    if events is not None:
+        return events
     if _installed is not None:
         return _installed
-    driver = installed_driver()
     if driver is not None and driver.events is not None:
         return driver.events
+    installed = installed_driver()
+    if installed is not None and installed.events is not None:
+        return installed.events
     return _memory
+
+
+def event_bus() -> EventBus:
+    """The bus ``publish_event`` goes to: see ``resolve_event_bus``."""
+    return resolve_event_bus()
 
 
 def reset_event_bus() -> None:
@@ -116,6 +135,7 @@ def reset_event_bus() -> None:
 
 
 async def publish_event(event: str, payload: JsonValue, *, ttl: float | None = None) -> EventRecord:
-    """Publish on the installed bus (see ``event_bus``). A run waits on its worker's ``events``,
-    else its driver's, else this same bus: with a driver installed they are one bus."""
+    """Publish on ``event_bus()``: the bus ``set_event_bus`` installed, else the installed
+    driver's own, else this process's memory bus. A run's ``step.wait_for_event`` reads the
+    same bus unless its worker (or ``execute_job``/``run_jobs``) was handed ``events=``."""
     return await event_bus().publish(event, payload, ttl=ttl)

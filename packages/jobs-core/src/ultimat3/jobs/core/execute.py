@@ -45,7 +45,7 @@ from .errors import (
     JobTimeoutError,
     LeaseLostError,
 )
-from .events import event_bus
+from .events import resolve_event_bus
 from .job import AnyJobHandle
 from .logs import LOGGER, log_event
 from .model import (
@@ -372,7 +372,7 @@ class _Attempt:
                 steps=claimed.steps,
                 signal=self.signal,
                 clock=self.clock,
-                events=self.events or self.driver.events or event_bus(),
+                events=resolve_event_bus(self.events, driver=self.driver),
                 step_timeout=self.handle.step_timeout_s,
                 event_poll=self.handle.event_poll_s,
             )

@@ -1085,7 +1085,9 @@ def job_worker(
     told every attempt this worker ran, as it ended (its outcome, step trace and timing).
     ``undeclared_grace`` is how long after its enqueue a row of a job this process does not
     declare is handed back for another worker rather than failed: stretch it past a slow rollout,
-    or pass 0 to fail such rows at once.
+    or pass 0 to fail such rows at once. ``events`` is the bus ``step.wait_for_event`` reads;
+    without it, the one ``publish_event`` goes to (the bus ``set_event_bus`` installed, else the
+    driver's own).
     """
     return JobWorker(
         driver=driver,

@@ -87,7 +87,8 @@ async def run_jobs(
     - ``clock``: the ``FrozenClock`` the driver runs on (default ``driver.clock``). When nothing
       is due it is set to the next ``run_at`` of a waiting row; while an attempt is stuck (see
       ``stuck_after``) it is set to the deadline of the earliest sleep on it (a job ``timeout``).
-    - ``events``: the bus ``step.wait_for_event`` reads (default: the installed one).
+    - ``events``: the bus ``step.wait_for_event`` reads (default: the one ``publish_event``
+      goes to — the bus ``set_event_bus`` installed, else ``driver.events``).
     - ``max_attempts_guard``: after this many attempts with work still due, raise
       ``RunawayJobsError`` — a wait nobody answers polls forever.
     - ``stuck_after``: real seconds an attempt may stay unfinished, while no thread of it
