@@ -26,5 +26,5 @@ def driver(clock: FrozenClock) -> Iterator[MemoryJobDriver]:
     set_job_driver(installed)
     reset_event_bus()
     yield installed
-    reset_job_driver()
     reset_event_bus()
+    reset_job_driver()

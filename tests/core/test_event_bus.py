@@ -3,9 +3,9 @@ forgets: one resolution for both sides, so a wait reads the bus an answer went t
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -20,9 +20,12 @@ from ultimat3.jobs.core import (
     execute_job,
     memory_event_bus,
     publish_event,
+    reset_event_bus,
     set_event_bus,
 )
+from ultimat3.jobs.core.events import MemoryEventBus
 from ultimat3.jobs.core.memory import MemoryJobDriver
+from ultimat3.jobs.core.model import EventRecord, JsonValue
 
 
 @dataclass
@@ -95,3 +98,67 @@ async def test_with_nothing_installed_both_sides_use_the_drivers_bus(
     await publish_event("order.paid", {"order": "o-3"})
     execution = await execute_job(await _claim(driver), driver=driver, handle=await_paid)
     assert (execution.outcome, execution.result) == ("completed", {"order": "o-3"})
+
+
+async def test_reset_forgets_the_installed_memory_drivers_events(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    """One test's answer must not resume the next test's wait on a driver both share."""
+    since = clock.now() - timedelta(seconds=1)
+    await publish_event("order.paid", {"order": "o-4"})
+    assert await driver.events.lookup("order.paid", since=since) is not None
+    reset_event_bus()
+    assert await driver.events.lookup("order.paid", since=since) is None
+    assert await event_bus().lookup("order.paid", since=since) is None
+
+
+async def test_reset_forgets_an_installed_memory_bus_and_uninstalls_it(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    since = clock.now() - timedelta(seconds=1)
+    installed = memory_event_bus(clock)
+    set_event_bus(installed)
+    await publish_event("order.paid", {"order": "o-5"})
+    reset_event_bus()
+    assert await installed.lookup("order.paid", since=since) is None
+    assert event_bus() is driver.events
+
+
+class ServerBus:
+    """A bus other processes share (a stand-in for Postgres or Redis): not this test's to wipe."""
+
+    def __init__(self, clock: FrozenClock) -> None:
+        self.inner = MemoryEventBus(clock)
+
+    async def publish(
+        self, event: str, payload: JsonValue, *, ttl: float | None = None
+    ) -> EventRecord:
+        return await self.inner.publish(event, payload, ttl=ttl)
+
+    async def lookup(
+        self,
+        event: str,
+        *,
+        since: datetime,
+        until: datetime | None = None,
+        match: Mapping[str, JsonValue] | None = None,
+    ) -> EventRecord | None:
+        return await self.inner.lookup(event, since=since, until=until, match=match)
+
+    async def now(self) -> datetime:
+        return await self.inner.now()
+
+    async def purge_expired(self) -> int:
+        return await self.inner.purge_expired()
+
+
+async def test_reset_leaves_a_servers_bus_its_events(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    since = clock.now() - timedelta(seconds=1)
+    server = ServerBus(clock)
+    set_event_bus(server)
+    await publish_event("order.paid", {"order": "o-6"})
+    reset_event_bus()
+    assert event_bus() is driver.events
+    assert await server.lookup("order.paid", since=since) is not None

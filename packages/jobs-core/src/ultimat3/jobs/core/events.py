@@ -128,10 +128,20 @@ def event_bus() -> EventBus:
 
 
 def reset_event_bus() -> None:
-    """Forget every event of the process's memory bus and any installed bus."""
+    """Forget the events of every in-memory bus this process publishes to, and un-install the
+    bus ``set_event_bus`` installed (as ``reset_job_driver`` forgets the driver).
+
+    Cleared: the process's memory bus, the installed bus and the installed driver's own bus,
+    each only when it is a ``MemoryEventBus`` — so call it while the driver of the tests is
+    still installed (before ``reset_job_driver``). A bus on a server (Postgres, Redis) keeps
+    its events: other processes read it too, and only ``purge_expired`` removes them; tests on
+    one give their events names or payloads of their own."""
     global _installed
+    installed = installed_driver()
+    for bus in (_installed, installed.events if installed is not None else None, _memory):
+        if isinstance(bus, MemoryEventBus):
+            bus.clear()
     _installed = None
-    _memory.clear()
 
 
 async def publish_event(event: str, payload: JsonValue, *, ttl: float | None = None) -> EventRecord:
