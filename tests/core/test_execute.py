@@ -34,6 +34,7 @@ from ultimat3.jobs.core import (
 )
 from ultimat3.jobs.core.execute import announce_exhausted, refuse_job
 from ultimat3.jobs.core.memory import MemoryJobDriver
+from ultimat3.jobs.core.retry import MAX_RETRY_DELAY_S
 
 
 @dataclass
@@ -167,6 +168,28 @@ async def test_a_terminal_code_dead_letters_at_once_and_says_why(
     stored = await row(driver, queued.id)
     assert stored.attempt == 1
     assert "terminal: dead-lettered on attempt 1 of 5" in stored.last_error
+
+
+class RateLimitedError(JobsError):
+    code = "X_RATE_LIMITED"
+
+
+async def test_a_huge_stated_retry_after_still_lands_the_nack(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    """1e12 s past now is no datetime: the delay is held to the ceiling, so the row is retried
+    instead of the settle raising and leaving it running until its lease lapses."""
+
+    async def limited(*, input: Ping) -> None:
+        raise RateLimitedError("slow down", meta={"retry_after_seconds": 1e12})
+
+    handle = ping_job(limited, retry=Retry(attempts=5, jitter=False))
+    queued = await handle.enqueue(Ping("rate-limited"))
+    execution = await execute_job(await claim_one(driver), driver=driver, handle=handle)
+    assert (execution.outcome, execution.settled) == ("retried", True)
+    stored = await row(driver, queued.id)
+    assert (stored.state, stored.attempt) == (JobState.READY, 1)
+    assert stored.run_at == clock.now() + timedelta(seconds=MAX_RETRY_DELAY_S)
 
 
 async def test_a_suspension_hands_the_attempt_back(

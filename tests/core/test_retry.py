@@ -138,7 +138,9 @@ def test_a_stated_delay_without_jitter_is_exact() -> None:
     assert verdict.delay_s == 7
 
 
-@pytest.mark.parametrize("stated", [0, -3, float("nan"), "soon", None])
+@pytest.mark.parametrize(
+    "stated", [0, -3, float("nan"), float("inf"), float("-inf"), "soon", None, True]
+)
 def test_an_unstated_retry_after_falls_back_to_the_backoff(stated: object) -> None:
     retry = Retry(attempts=5, delay=4, jitter=False)
     verdict = failure_verdict(
@@ -171,3 +173,23 @@ def test_a_long_exponential_schedule_without_max_delay_stays_within_a_year() -> 
     assert backoff_delay(retry, 40) == MAX_RETRY_DELAY_S
     assert backoff_delay(retry, 1999) == MAX_RETRY_DELAY_S
     assert failure_verdict(retry, 1500, ValueError("x")).delay_s == MAX_RETRY_DELAY_S
+
+
+def test_a_huge_stated_retry_after_is_held_to_the_ceiling() -> None:
+    """A responder's 1e12 s would name a time no datetime holds: the settle must still land."""
+    from ultimat3.jobs.core.retry import MAX_RETRY_DELAY_S
+
+    huge = GatewayBusyError("slow", meta={"retry_after_seconds": 1e12})
+    exact = failure_verdict(Retry(attempts=5, jitter=False), 1, huge)
+    assert (exact.kind, exact.delay_s) == ("retried", MAX_RETRY_DELAY_S)
+    spread = failure_verdict(Retry(attempts=5), 1, huge)
+    assert spread.delay_s == MAX_RETRY_DELAY_S
+
+
+def test_a_max_delay_past_the_ceiling_does_not_lift_it() -> None:
+    from ultimat3.jobs.core.retry import MAX_RETRY_DELAY_S, backoff_delay
+
+    retry = Retry(attempts=50, delay=1e12, max_delay=1e13, jitter=False)
+    assert backoff_delay(retry, 1) == MAX_RETRY_DELAY_S
+    huge = GatewayBusyError("slow", meta={"retry_after_seconds": 1e12})
+    assert failure_verdict(retry, 1, huge).delay_s == MAX_RETRY_DELAY_S

@@ -61,6 +61,7 @@ from .model import (
 from .protocol import EventBus, JobDriver
 from .registry import job_named
 from .retry import (
+    MAX_RETRY_DELAY_S,
     Retry,
     backoff_delay,
     equal_jitter,
@@ -69,6 +70,7 @@ from .retry import (
     jitter_stated_delay,
     retry_after_seconds_of,
     retry_classification,
+    retry_delay_cap,
 )
 from .signal import AbortController, AbortSignal, any_signal
 from .steps import Step, StepSuspension
@@ -150,9 +152,9 @@ def failure_verdict(retry: Retry, attempt: int, error: BaseException) -> Failure
         return FailureVerdict(kind, stop_reason=stop, terminal_because=final)
     stated = retry_after_seconds_of(error) if classification == "retry-after" else None
     if stated is not None:
-        cap = retry.max_delay_s
-        delay = min(stated, cap) if cap is not None else stated
-        delay = jitter_stated_delay(delay) if retry.jitter else delay
+        delay = min(stated, retry_delay_cap(retry))
+        if retry.jitter:  # spread forward, but never past the ceiling every retry keeps
+            delay = min(jitter_stated_delay(delay), MAX_RETRY_DELAY_S)
     else:
         delay = backoff_delay(retry, attempt)
         delay = equal_jitter(delay) if retry.jitter else delay

@@ -30,12 +30,15 @@ __all__ = [
     "register_error_retry",
     "retry_after_seconds_of",
     "retry_classification",
+    "retry_delay_cap",
     "retry_schedule",
 ]
 
 MAX_RETRY_DELAY_S = 365 * 86400.0
-"""The longest any backoff waits when ``max_delay`` sets no bound: a long exponential schedule
-(2**40 s by attempt 41) would otherwise name a time no datetime can hold."""
+"""The longest any retry waits, whatever sets it: a long exponential schedule (2**40 s by
+attempt 41), a ``max_delay`` above it, or a responder's stated retry-after (1e12 s) would
+otherwise name a time no datetime can hold, and the settle would fail before the row is
+handed back."""
 
 Backoff: TypeAlias = Literal["exponential", "linear", "fixed"]
 ErrorRetry: TypeAlias = Literal["terminal", "retry-after", "retryable"]
@@ -98,8 +101,14 @@ def backoff_delay(retry: Retry, attempt: int) -> float:
         delay = base * attempt
     else:
         delay = base
+    return min(delay, retry_delay_cap(retry))
+
+
+def retry_delay_cap(retry: Retry) -> float:
+    """The longest a retry of ``retry`` waits before jitter: ``max_delay``, and never more than
+    ``MAX_RETRY_DELAY_S``."""
     cap = retry.max_delay_s
-    return min(delay, cap if cap is not None else MAX_RETRY_DELAY_S)
+    return MAX_RETRY_DELAY_S if cap is None else min(cap, MAX_RETRY_DELAY_S)
 
 
 def retry_schedule(retry: Retry) -> list[float]:
