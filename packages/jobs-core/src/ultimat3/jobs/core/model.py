@@ -12,6 +12,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, Literal, Self, TypeAlias
 
+from .constants import MAX_WORKER_IN_FLIGHT
 from .errors import InvariantError
 
 __all__ = [
@@ -382,6 +383,10 @@ class BulkResult:
 
 @dataclass(frozen=True, slots=True)
 class WorkerInfo:
+    """One live worker as ``workers()`` lists it. ``in_flight`` keeps the first
+    ``MAX_WORKER_IN_FLIGHT`` ids it is given: a row of the workers table stays small whatever
+    the worker's concurrency, and every driver stores the same bounded list."""
+
     id: str
     host: str
     started_at: datetime
@@ -389,6 +394,10 @@ class WorkerInfo:
     slots: Mapping[str, int]
     in_flight: Sequence[str]
     last_heartbeat: datetime
+
+    def __post_init__(self) -> None:
+        if len(self.in_flight) > MAX_WORKER_IN_FLIGHT:
+            object.__setattr__(self, "in_flight", list(self.in_flight[:MAX_WORKER_IN_FLIGHT]))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

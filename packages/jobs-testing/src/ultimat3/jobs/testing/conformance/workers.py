@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ultimat3.jobs.core.constants import MAX_WORKER_IN_FLIGHT
 from ultimat3.jobs.core.model import WorkerInfo
 
 from .target import Conformance
@@ -39,6 +40,12 @@ class WorkerRules:
         info = _info(jobs, "w-1", ("0190a000-0000-7000-8000-000000000001",))
         await jobs.introspect.record_worker(info, ttl=30)
         assert [_shape(w) for w in await jobs.introspect.workers()] == [_shape(info)]
+
+    async def test_a_worker_lists_at_most_max_worker_in_flight_ids(self, jobs: Conformance) -> None:
+        ids = tuple(f"0190a000-0000-7000-8000-{n:012d}" for n in range(MAX_WORKER_IN_FLIGHT + 50))
+        await jobs.introspect.record_worker(_info(jobs, "w-1", ids), ttl=30)
+        [listed] = await jobs.introspect.workers()
+        assert list(listed.in_flight) == list(ids[:MAX_WORKER_IN_FLIGHT])
 
     async def test_workers_are_listed_by_id(self, jobs: Conformance) -> None:
         for worker_id in ("w-b", "w-c", "w-a"):
