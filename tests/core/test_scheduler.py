@@ -19,10 +19,14 @@ from ultimat3.jobs.core import (
     Enqueued,
     EnqueueRequest,
     FrozenClock,
+    InvariantError,
     JobFilter,
+    JobScheduler,
+    LeaseStoreLeader,
     job,
     job_scheduler,
     job_worker,
+    lease_store_leader,
     memory_job_driver,
     next_task_run,
     task,
@@ -284,6 +288,78 @@ async def test_a_standby_asks_for_the_lease_every_renew_interval_not_every_round
         clock.advance(1)
     assert [(at - START).total_seconds() for at in leader.asked] == [0, 10, 20]
     assert not scheduler.leading
+
+
+async def test_a_leader_renews_every_third_of_its_ttl_so_a_late_standby_never_leads_beside_it(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    """A 6 s lease renewed every 10 s sat empty 4 s of every 10: a standby started 7 s later
+    took it at 7 s while the leader still believed it led until 10 s — two leaders."""
+    the_task = hourly()
+    state = MemorySchedulerState(driver)
+
+    def node(holder: str) -> JobScheduler:
+        leader = lease_store_leader(driver.leases, ttl=6, holder=holder)
+        return job_scheduler(
+            driver=driver, leader=leader, state=state, tasks=[the_task], clock=clock
+        )
+
+    first, second = node("first"), node("second")
+    for elapsed in range(60):
+        await first.run_once()
+        if elapsed >= 7:
+            await second.run_once()
+        assert await driver.leases.holders("leader:scheduler") == ["first"], elapsed
+        assert (first.leading, second.leading) == (True, False), elapsed
+        clock.advance(1)
+
+
+async def test_a_standby_asks_for_a_lease_every_third_of_its_ttl(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    holder = lease_store_leader(driver.leases, ttl=6, holder="holder")
+    assert holder.ttl == 6
+    assert await holder.acquire()
+    asked: list[float] = []
+
+    class Recording(LeaseStoreLeader):
+        async def acquire(self) -> bool:
+            asked.append((clock.now() - START).total_seconds())
+            return await super().acquire()
+
+    standby = Recording(driver.leases, name="scheduler", ttl=6, holder="standby")
+    scheduler = job_scheduler(driver=driver, leader=standby, tasks=[hourly()], clock=clock)
+    for _ in range(7):
+        await scheduler.run_once()
+        clock.advance(1)
+    assert asked == [0, 2, 4, 6]
+    assert scheduler.leading  # the holder went silent at 0: its 6 s lease lapsed at 6
+
+
+def test_a_renew_interval_not_shorter_than_the_leaders_ttl_is_refused(
+    driver: MemoryJobDriver,
+) -> None:
+    leader = lease_store_leader(driver.leases, ttl=6)
+    for interval in (6, "6s", timedelta(seconds=30)):
+        with pytest.raises(InvariantError) as refused:
+            job_scheduler(driver=driver, leader=leader, tasks=[], leader_renew_interval=interval)
+        assert refused.value.code == "X_INVARIANT"
+        assert refused.value.meta["field"] == "leader_renew_interval"
+    job_scheduler(driver=driver, leader=leader, tasks=[], leader_renew_interval=5.9)
+
+
+async def test_an_explicit_renew_interval_is_kept(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    leader = CountingLeader([False])
+    leader.clock = clock
+    scheduler = job_scheduler(
+        driver=driver, leader=leader, tasks=[hourly()], clock=clock, leader_renew_interval="4s"
+    )
+    for _ in range(10):
+        await scheduler.run_once()
+        clock.advance(1)
+    assert [(at - START).total_seconds() for at in leader.asked] == [0, 4, 8]
 
 
 async def test_a_demoted_leader_stops_dispatching_and_a_promoted_one_reads_the_watermarks(

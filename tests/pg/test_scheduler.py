@@ -10,10 +10,18 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from ultimat3.jobs.core import FrozenClock, JobScheduler, job, job_scheduler, new_id, task
+from ultimat3.jobs.core import (
+    FrozenClock,
+    InvariantError,
+    JobScheduler,
+    LeaseLeader,
+    job,
+    job_scheduler,
+    new_id,
+    task,
+)
 from ultimat3.jobs.core.cron import occurrence_ms
 from ultimat3.jobs.core.model import Enqueued, EnqueueRequest
-from ultimat3.jobs.core.scheduler import LEADER_RENEW_S
 from ultimat3.jobs.pg import PostgresJobDriver, postgres_job_driver
 from ultimat3.jobs.pg.scheduler import (
     PostgresSchedulerState,
@@ -103,13 +111,15 @@ async def nodes(pg_url: str, clock: FrozenClock) -> AsyncIterator[dict[str, Node
         await node.driver.close()
 
 
-def start_node(name: str, pg_url: str, clock: FrozenClock, nodes: dict[str, Node]) -> Node:
+def start_node(
+    name: str, pg_url: str, clock: FrozenClock, nodes: dict[str, Node], ttl: float = TTL_S
+) -> Node:
     driver = postgres_job_driver(pg_url, clock=clock)
     state = FireStarted(postgres_scheduler_state(driver.executor, clock=clock))
     scheduler = job_scheduler(
         driver=driver,
         state=state,
-        leader=postgres_lease_leader(executor=driver.executor, holder=name, ttl=TTL_S, clock=clock),
+        leader=postgres_lease_leader(executor=driver.executor, holder=name, ttl=ttl, clock=clock),
         tasks=[every_minute],
         clock=clock,
     )
@@ -180,10 +190,39 @@ async def test_a_standby_takes_over_only_once_the_dead_leaders_lease_lapses(
     dead = await kill_mid_fire(clock, alive)
     (_, _, lapses_at) = await lease_row(standby.driver, "scheduler")
     while not standby.scheduler.leading:
-        assert clock.now() < lapses_at + timedelta(seconds=LEADER_RENEW_S + ROUND_S)
+        assert clock.now() < lapses_at + timedelta(seconds=TTL_S / 3 + ROUND_S)
         await run(clock, alive, ROUND_S)
     assert clock.now() >= lapses_at  # never while the dead leader's lease was live
     assert dead.scheduler.leading  # it never learned: it died
+
+
+async def test_a_short_lease_is_renewed_every_third_of_its_ttl_and_never_shared(
+    pg_url: str, clock: FrozenClock, nodes: dict[str, Node]
+) -> None:
+    """A 6 s lease renewed every 10 s lay empty 4 s of every 10, and a standby started 7 s
+    after the leader led beside it until the leader's next renewal."""
+    first = start_node("a", pg_url, clock, nodes, ttl=6)
+    second = start_node("b", pg_url, clock, nodes, ttl=6)
+    for elapsed in range(30):
+        await first.scheduler.run_once()
+        if elapsed >= 7:
+            await second.scheduler.run_once()
+        holder, _, expires_at = await lease_row(first.driver, "scheduler")
+        assert (holder, expires_at > clock.now()) == ("a", True), elapsed
+        assert (first.scheduler.leading, second.scheduler.leading) == (True, False), elapsed
+        clock.advance(1)
+
+
+async def test_the_lease_leader_states_its_ttl_and_a_renewal_as_long_is_refused(
+    driver: PostgresJobDriver, clock: FrozenClock
+) -> None:
+    leader = postgres_lease_leader(executor=driver.executor, ttl=6, clock=clock)
+    assert isinstance(leader, LeaseLeader)
+    assert leader.ttl == 6.0
+    with pytest.raises(InvariantError) as refused:
+        job_scheduler(driver=driver, leader=leader, tasks=[], leader_renew_interval="10s")
+    assert refused.value.meta["ttl"] == 6.0
+    job_scheduler(driver=driver, leader=leader, tasks=[], leader_renew_interval="5s")
 
 
 async def test_the_lease_outlives_the_connection_that_took_it(

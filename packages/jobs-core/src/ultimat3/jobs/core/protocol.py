@@ -65,6 +65,7 @@ __all__ = [
     "JobIntrospection",
     "JobsFacade",
     "Leader",
+    "LeaseLeader",
     "LeaseStore",
     "OutboxStore",
     "QueueWake",
@@ -407,6 +408,19 @@ class Leader(Protocol):
         ...
 
     async def release(self) -> None: ...
+
+
+@runtime_checkable
+class LeaseLeader(Leader, Protocol):
+    """A leader whose leadership is a lease lapsing ``ttl`` seconds after its last ``acquire()``.
+
+    The scheduler reads ``ttl`` to renew the lease (and to ask for it, on a standby) every third
+    of it. A ``Leader`` that states no ``ttl`` is asked every ``LEADER_RENEW_S`` (10 s)."""
+
+    @property
+    def ttl(self) -> float:
+        """Seconds the lease lives without a renewal."""
+        ...
 
 
 @runtime_checkable

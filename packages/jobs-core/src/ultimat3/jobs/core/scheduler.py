@@ -1,9 +1,11 @@
 """The scheduler role: turns each task's cron occurrences into jobs, once each, fleet-wide.
 
-One leader dispatches; every other scheduler process stands by and asks for the lease every
-``leader_renew_interval`` (10 s), not every round. While it leads, the scheduler holds every task's
-watermark — the last occurrence dispatched or passed over — in memory, so an idle round reads no
-store and resolves no cron: it compares the clock with the next instant something is due.
+One leader dispatches; every other scheduler process stands by. The leader renews its lease, and
+a standby asks for it, every ``leader_renew_interval`` — a third of the lease's ``ttl`` (10 s of
+the default 30 s) — not every round. Renewing within the ``ttl`` is what keeps the lease from
+lapsing under a leader that still believes it leads. While it leads, the scheduler holds every
+task's watermark — the last occurrence dispatched or passed over — in memory, so an idle round
+reads no store and resolves no cron: it compares the clock with the next instant something is due.
 
 When a task is due:
 
@@ -51,7 +53,7 @@ from .lifecycle import (
 from .logs import log_event
 from .memory.scheduler import always_leader, memory_scheduler_state
 from .model import TaskFire
-from .protocol import JobDriver, Leader, SchedulerState
+from .protocol import JobDriver, Leader, LeaseLeader, SchedulerState
 from .registry import registered_tasks
 from .retry import error_code
 from .task import AnyTaskHandle
@@ -60,7 +62,8 @@ from .wake import signal_enqueued
 __all__ = ["LEADER_RENEW_S", "ROLLUP_INTERVAL_S", "JobScheduler", "job_scheduler", "next_task_run"]
 
 LEADER_RENEW_S = 10.0
-"""How often a leader renews its lease and a standby asks for it (a third of a 30 s lease)."""
+"""How often a scheduler asks a leader that states no ``ttl`` (not a ``LeaseLeader``), such as the
+always-leader default. A ``LeaseLeader`` is asked every third of its ``ttl`` instead."""
 ROLLUP_INTERVAL_S = 60.0
 
 
@@ -72,6 +75,24 @@ def _not_yet(now: datetime, due: datetime | None, interval: timedelta) -> bool:
     before it and counts as due: waiting for the old deadline would stop a leader renewing (or
     rolling up) for as long as the clock went back, while it still believed it led."""
     return due is not None and due - interval <= now < due
+
+
+def _renew_interval(leader: Leader, given: Duration | None) -> float:
+    """Seconds between two ``acquire()`` calls: ``given``, else a third of the leader's ``ttl``,
+    else ``LEADER_RENEW_S``. A given interval not shorter than the ``ttl`` is ``X_INVARIANT``: the
+    lease would lapse under a leader still reading itself as one, and a standby would lead too."""
+    ttl = positive_seconds(leader.ttl, "ttl") if isinstance(leader, LeaseLeader) else None
+    if given is None:
+        return LEADER_RENEW_S if ttl is None else ttl / 3
+    seconds = positive_seconds(given, "leader_renew_interval")
+    if ttl is not None and seconds >= ttl:
+        raise InvariantError(
+            f"leader_renew_interval={given!r} must be shorter than the leader's ttl ({ttl:g} s), "
+            f"or its lease lapses between renewals and a standby leads beside it; leave it out "
+            f"to renew every third of the ttl ({ttl / 3:g} s)",
+            meta={"field": "leader_renew_interval", "value": seconds, "ttl": ttl},
+        )
+    return seconds
 
 
 def next_task_run(task: AnyTaskHandle, from_: datetime) -> datetime:
@@ -92,7 +113,7 @@ class JobScheduler:
         tasks: Sequence[AnyTaskHandle] | None,
         clock: Clock | None,
         tick_interval: Duration,
-        leader_renew_interval: Duration,
+        leader_renew_interval: Duration | None,
     ) -> None:
         self._driver = driver
         self._clock = clock or driver.clock
@@ -100,9 +121,7 @@ class JobScheduler:
         self._state = state if state is not None else memory_scheduler_state(driver)
         self._given_tasks = list(tasks) if tasks is not None else None
         self._tick = positive_seconds(tick_interval, "tick_interval")
-        self._renew_every = timedelta(
-            seconds=positive_seconds(leader_renew_interval, "leader_renew_interval")
-        )
+        self._renew_every = timedelta(seconds=_renew_interval(self._leader, leader_renew_interval))
 
         self._leading = False
         self._next_leader_check: datetime | None = None
@@ -387,9 +406,17 @@ def job_scheduler(
     tasks: Sequence[AnyTaskHandle] | None = None,
     clock: Clock | None = None,
     tick_interval: Duration = 1.0,
-    leader_renew_interval: Duration = LEADER_RENEW_S,
+    leader_renew_interval: Duration | None = None,
 ) -> JobScheduler:
     """A scheduler over ``tasks`` (every registered task when omitted).
+
+    ``leader_renew_interval`` is how often the leader renews its lease and a standby asks for it:
+    by default a third of the ``leader``'s ``ttl`` when it states one (a ``LeaseLeader``, as
+    ``lease_store_leader``, ``postgres_lease_leader`` and ``redis_lease_leader`` do), else
+    ``LEADER_RENEW_S`` (10 s). One given explicitly must be shorter than the ``ttl``:
+    ``X_INVARIANT`` here otherwise. Renewals ride on rounds, so one due between two rounds waits
+    for the next: keep ``tick_interval`` well under the ``ttl``, or the lease lapses between rounds
+    and passes to a standby (the old leader learns it at its next round, before dispatching).
 
     Pass ``state`` and ``leader`` in any real deployment: the defaults — watermarks in memory and
     "always the leader" — both fail silently across restarts and replicas, and say so in the log.

@@ -6,9 +6,9 @@ occurrence's jobs, records the fire and announces the queues it filled in ONE st
 schedulers racing for one occurrence fire it once.
 
 ``PostgresLeaseLeader``: leadership is a lease row with an expiry, renewed by every ``acquire()``
-(which the scheduler calls every ``leader_renew_interval``, 10 s). A leader that dies stops
-renewing and a standby takes over once ``ttl`` (30 s) has passed; no connection affinity is
-needed, so a pool is fine.
+(which the scheduler calls every third of the leader's ``ttl``: 10 s of the default 30 s). A
+leader that dies stops renewing and a standby takes over once ``ttl`` has passed; no connection
+affinity is needed, so a pool is fine.
 
 Wiring::
 
@@ -51,7 +51,8 @@ __all__ = [
 ]
 
 DEFAULT_LEADER_TTL_S = 30.0
-"""Three of the scheduler's 10 s renewals: a leader that misses two is still the leader."""
+"""The scheduler renews a lease every third of its ``ttl`` (10 s here): a leader that misses two
+renewals is still the leader."""
 
 
 class PostgresSchedulerState:
@@ -152,6 +153,8 @@ class PostgresLeaseLeader:
         self._owns_executor = isinstance(executor, str)
         self.name = name
         self.ttl = float(ttl)
+        """Seconds the lease row lives after the last ``acquire()``; the scheduler renews it every
+        third of that."""
         self.holder = holder
         self._clock = clock
 
@@ -205,8 +208,9 @@ def postgres_lease_leader(
 ) -> PostgresLeaseLeader:
     """Leader election for ``job_scheduler(leader=...)``: a lease row named ``name`` lapsing
     ``ttl`` seconds after the holder's last ``acquire()``, on ``clock`` (keep the fleet's clocks
-    in sync to well under ``ttl``). ``holder`` names this node in ``x_scheduler_leader`` (default:
-    host, pid and a random suffix)."""
+    in sync to well under ``ttl``). The scheduler renews it, and a standby asks for it, every third
+    of ``ttl``. ``holder`` names this node in ``x_scheduler_leader`` (default: host, pid and a
+    random suffix)."""
     return PostgresLeaseLeader(
         executor, name=name, ttl=ttl, holder=holder or _default_holder(), clock=clock
     )

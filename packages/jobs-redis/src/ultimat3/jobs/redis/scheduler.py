@@ -5,8 +5,9 @@ its rows in one script (``lua/scheduler.lua``), so a crash between the two canno
 occurrence twice, and two nodes racing for one occurrence fire it once.
 
 ``redis_lease_leader``: leadership is a one-slot lease in the driver's lease store (core's
-``lease_store_leader``), renewed by every ``acquire()`` and lapsing ``ttl`` after the last one on
-the driver's clock — no connection affinity, so a pooled client cannot make every node a leader.
+``lease_store_leader``), renewed by every ``acquire()`` — which the scheduler calls every third of
+``ttl`` — and lapsing ``ttl`` after the last one on the driver's clock: no connection affinity, so
+a pooled client cannot make every node a leader.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ __all__ = [
 ]
 
 DEFAULT_LEADER_TTL_S = 30.0
-"""Three of the scheduler's 10 s renewals: a leader that misses two is still the leader."""
+"""The scheduler renews a lease every third of its ``ttl`` (10 s here): a leader that misses two
+renewals is still the leader."""
 
 
 @reports_unavailable
@@ -86,5 +88,7 @@ def redis_lease_leader(
     ttl: float = DEFAULT_LEADER_TTL_S,
     holder: str | None = None,
 ) -> LeaseStoreLeader:
-    """One leader among every node naming the same ``name`` in ``driver``'s namespace."""
+    """One leader among every node naming the same ``name`` in ``driver``'s namespace, its lease
+    lapsing ``ttl`` seconds after the last renewal; the scheduler renews it every third of
+    ``ttl``."""
     return lease_store_leader(driver.leases, name=name, ttl=ttl, holder=holder)
