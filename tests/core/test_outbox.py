@@ -24,6 +24,7 @@ from ultimat3.jobs.core import (
     OutboxNoTxError,
     job,
     job_worker,
+    jobs_facade,
     memory_outbox_store,
     outbox_jobs_facade,
     outbox_relay,
@@ -107,6 +108,19 @@ async def test_outside_a_transaction_the_enqueue_publishes_directly(
     (row,) = await job_rows(driver)
     assert row.id == queued.id
     assert installed.retained() == []
+
+
+async def test_the_facade_answers_the_transaction_an_enqueue_would_join(
+    installed: MemoryOutboxStore,
+) -> None:
+    assert jobs_facade().current_tx() is None
+    async with installed.transaction() as tx:
+        assert jobs_facade().current_tx() is tx
+
+
+def test_the_fallback_facade_joins_no_transaction() -> None:
+    set_jobs_facade(None)
+    assert jobs_facade().current_tx() is None
 
 
 async def test_a_required_outbox_refuses_an_enqueue_outside_a_transaction(

@@ -63,10 +63,13 @@ async def publish(driver: JobDriver, request: EnqueueRequest) -> Enqueued:
 
 
 class _DirectFacade:
-    """Publishes straight to the installed driver."""
+    """Publishes straight to the installed driver: no transaction is ever joined."""
 
     async def enqueue(self, request: EnqueueRequest) -> Enqueued:
         return await publish(job_driver(), request)
+
+    def current_tx(self) -> None:
+        return None
 
 
 _DIRECT = _DirectFacade()

@@ -78,6 +78,9 @@ class OutboxJobsFacade:
         self._current_tx = current_tx
         self._mode = mode
 
+    def current_tx(self) -> Any:
+        return self._current_tx()
+
     async def enqueue(self, request: EnqueueRequest) -> Enqueued:
         if self._current_tx() is not None:
             await self._store.stage(request)

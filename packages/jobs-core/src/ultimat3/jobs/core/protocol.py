@@ -26,7 +26,7 @@ import builtins
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Generic, Protocol, TypeVar, overload, runtime_checkable
+from typing import Any, Generic, Protocol, TypeVar, overload, runtime_checkable
 
 from .clock import Clock
 from .model import (
@@ -442,3 +442,8 @@ class JobsFacade(Protocol):
     """Where a handle's ``enqueue`` goes: straight to the driver, or staged in an outbox."""
 
     async def enqueue(self, request: EnqueueRequest) -> Enqueued: ...
+
+    def current_tx(self) -> Any:
+        """The ambient transaction an enqueue here would be staged in, or None: an enqueue
+        then publishes straight to the driver (the fallback facade always answers None)."""
+        ...
