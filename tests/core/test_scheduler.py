@@ -336,6 +336,23 @@ async def test_a_standby_asks_for_a_lease_every_third_of_its_ttl(
     assert scheduler.leading  # the holder went silent at 0: its 6 s lease lapsed at 6
 
 
+async def test_a_tick_longer_than_the_renewal_interval_still_renews_in_time(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    """Renewals ride on rounds: a 60 s tick over a 6 s lease would renew it a minute late."""
+    leader = lease_store_leader(driver.leases, ttl=6, holder="first")
+    scheduler = job_scheduler(
+        driver=driver, leader=leader, tasks=[hourly()], clock=clock, tick_interval=60
+    )
+    await scheduler.start()
+    try:
+        for elapsed in range(30):
+            await run_clock(clock, 1)
+            assert await driver.leases.holders("leader:scheduler") == ["first"], elapsed
+    finally:
+        await scheduler.stop()
+
+
 def test_a_renew_interval_not_shorter_than_the_leaders_ttl_is_refused(
     driver: MemoryJobDriver,
 ) -> None:

@@ -246,7 +246,9 @@ class JobScheduler:
                 await self.run_once()
             except Exception as exc:
                 log_event(logging.ERROR, "jobs.scheduler.tick-failed", error=repr(exc))
-            await self._wakeup.wait(self._clock, self._tick)
+            # A round at least every renewal interval, whatever the tick: renewals ride on
+            # rounds, and a late one would let the lease lapse under this leader.
+            await self._wakeup.wait(self._clock, min(self._tick, self._renew_every.total_seconds()))
 
     async def _round(self) -> list[TaskFire]:
         now = self._clock.now()
@@ -414,9 +416,8 @@ def job_scheduler(
     by default a third of the ``leader``'s ``ttl`` when it states one (a ``LeaseLeader``, as
     ``lease_store_leader``, ``postgres_lease_leader`` and ``redis_lease_leader`` do), else
     ``LEADER_RENEW_S`` (10 s). One given explicitly must be shorter than the ``ttl``:
-    ``X_INVARIANT`` here otherwise. Renewals ride on rounds, so one due between two rounds waits
-    for the next: keep ``tick_interval`` well under the ``ttl``, or the lease lapses between rounds
-    and passes to a standby (the old leader learns it at its next round, before dispatching).
+    ``X_INVARIANT`` here otherwise. Renewals ride on rounds, so a ``tick_interval`` longer than
+    the renewal interval is shortened to it.
 
     Pass ``state`` and ``leader`` in any real deployment: the defaults — watermarks in memory and
     "always the leader" — both fail silently across restarts and replicas, and say so in the log.
