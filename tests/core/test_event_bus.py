@@ -3,12 +3,13 @@ forgets: one resolution for both sides, so a wait reads the bus an answer went t
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import pytest
+from support.buses import ForwardingBus
 from support.jobs import declared
 
 from ultimat3.jobs.core import (
@@ -25,7 +26,6 @@ from ultimat3.jobs.core import (
 )
 from ultimat3.jobs.core.events import MemoryEventBus
 from ultimat3.jobs.core.memory import MemoryJobDriver
-from ultimat3.jobs.core.model import EventRecord, JsonValue
 
 
 @dataclass
@@ -124,39 +124,15 @@ async def test_reset_forgets_an_installed_memory_bus_and_uninstalls_it(
     assert event_bus() is driver.events
 
 
-class ServerBus:
+class ServerBus(ForwardingBus):
     """A bus other processes share (a stand-in for Postgres or Redis): not this test's to wipe."""
-
-    def __init__(self, clock: FrozenClock) -> None:
-        self.inner = MemoryEventBus(clock)
-
-    async def publish(
-        self, event: str, payload: JsonValue, *, ttl: float | None = None
-    ) -> EventRecord:
-        return await self.inner.publish(event, payload, ttl=ttl)
-
-    async def lookup(
-        self,
-        event: str,
-        *,
-        since: datetime,
-        until: datetime | None = None,
-        match: Mapping[str, JsonValue] | None = None,
-    ) -> EventRecord | None:
-        return await self.inner.lookup(event, since=since, until=until, match=match)
-
-    async def now(self) -> datetime:
-        return await self.inner.now()
-
-    async def purge_expired(self) -> int:
-        return await self.inner.purge_expired()
 
 
 async def test_reset_leaves_a_servers_bus_its_events(
     driver: MemoryJobDriver, clock: FrozenClock
 ) -> None:
     since = clock.now() - timedelta(seconds=1)
-    server = ServerBus(clock)
+    server = ServerBus(MemoryEventBus(clock))
     set_event_bus(server)
     await publish_event("order.paid", {"order": "o-6"})
     reset_event_bus()

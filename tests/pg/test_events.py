@@ -4,12 +4,12 @@ worker whose own clock runs an hour ahead of the database."""
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from support.buses import ForwardingBus
 
 from ultimat3.jobs.core import (
     EventBus,
@@ -20,7 +20,7 @@ from ultimat3.jobs.core import (
     execute_job,
     job,
 )
-from ultimat3.jobs.core.model import EventRecord, JsonValue
+from ultimat3.jobs.core.model import JsonValue
 from ultimat3.jobs.pg import PostgresJobDriver
 from ultimat3.jobs.pg.events import PostgresEventBus, postgres_event_bus
 
@@ -58,36 +58,18 @@ def bus(driver: PostgresJobDriver) -> PostgresEventBus:
     return postgres_event_bus(executor=driver.executor)
 
 
-class PublishedWhileAskingTheTime:
+class PublishedWhileAskingTheTime(ForwardingBus):
     """The Postgres bus, with the awaited event landing the moment the step asks the time — after
     its first look found nothing — and the time answered as if the database's clock had then
     passed the wait's deadline: the event came in time, and only a second look finds it."""
 
     def __init__(self, bus: EventBus, payload: JsonValue) -> None:
-        self._bus = bus
+        super().__init__(bus)
         self._payload = payload
 
-    async def publish(
-        self, event: str, payload: JsonValue, *, ttl: float | None = None
-    ) -> EventRecord:
-        return await self._bus.publish(event, payload, ttl=ttl)
-
-    async def lookup(
-        self,
-        event: str,
-        *,
-        since: datetime,
-        until: datetime | None = None,
-        match: Mapping[str, JsonValue] | None = None,
-    ) -> EventRecord | None:
-        return await self._bus.lookup(event, since=since, until=until, match=match)
-
     async def now(self) -> datetime:
-        await self._bus.publish("order.paid", self._payload)
-        return await self._bus.now() + WAIT
-
-    async def purge_expired(self) -> int:
-        return await self._bus.purge_expired()
+        await self.inner.publish("order.paid", self._payload)
+        return await self.inner.now() + WAIT
 
 
 async def attempt(
