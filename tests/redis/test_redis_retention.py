@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 import redis.asyncio as aioredis
@@ -268,6 +268,34 @@ async def test_an_abandoned_lease_key_carries_a_server_ttl(driver: RedisJobDrive
     await driver.leases.acquire("job:x", "h1", limit=1, ttl=30)
     ttl = await driver.client.pttl(driver.namespace.key("lease:job:x"))
     assert 30_000 < ttl <= 3_630_000
+
+
+async def test_a_claims_list_of_buried_rows_expires_with_the_lease_it_was_claimed_under(
+    driver: RedisJobDriver, clock: FrozenClock, new_request: RequestBuilder
+) -> None:
+    """The list lets a claim whose reply was lost find the rows it buried; it is kept as long as
+    the claim's lease, never forever."""
+    await driver.enqueue(new_request(max_attempts=1))
+    await driver.claim(worker_id="w", slots={"q": 1}, visibility_timeout=30)
+    clock.advance(31)
+    batch = await driver.claim(worker_id="w2", slots={"q": 1}, visibility_timeout=30)
+    assert len(batch.exhausted) == 1
+    ns = driver.namespace
+    (buried,) = [key async for key in driver.client.scan_iter(match=ns.key("buried:*"))]
+    assert 1_000 <= await driver.client.pttl(buried) <= 30_000
+
+
+async def test_an_event_is_stamped_on_the_servers_clock_not_the_drivers(
+    driver: RedisJobDriver, clock: FrozenClock
+) -> None:
+    """Every process reading the bus must agree on when an event came; the driver's clock here
+    is frozen at another time altogether."""
+    clock.set(datetime(2001, 1, 1, tzinfo=UTC))
+    seconds, micros = await driver.client.time()
+    server_now = datetime.fromtimestamp(seconds + micros / 1e6, tz=UTC)
+    record = await driver.events.publish("e", {"n": 1})
+    assert abs(record.published_at - server_now) < timedelta(minutes=1)
+    assert abs(await driver.events.now() - server_now) < timedelta(minutes=1)
 
 
 async def test_the_driver_refuses_a_client_that_does_not_decode(redis_url: str) -> None:

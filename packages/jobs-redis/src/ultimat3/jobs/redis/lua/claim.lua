@@ -18,6 +18,7 @@
 -- and each one on its last attempt buried, up to LAPSED_WINDOWS * (LAPSED_LIMIT + free) rows;
 -- the next claim goes on from there. The bound keeps one call short: a burial costs ~80 us
 -- (measured, Redis 7.0), so five windows hold the server under half a second.
+-- An index entry whose row's hash is gone (evicted, deleted by hand) is dropped and passed over.
 -- Expired done rows are swept from each queue claimed and from one more queue picked at random
 -- (so a queue nobody claims from any more loses them too).
 local SWEEP_LIMIT = 200
@@ -118,7 +119,12 @@ for qi = 0, nq - 1 do
       local lapsed_ids = redis.call('ZRANGEBYSCORE', k_lease(q), '-inf', NOW, 'LIMIT', 0, window)
       read = #lapsed_ids
       for _, id in ipairs(lapsed_ids) do
-        lapsed[#lapsed + 1] = {tonumber(redis.call('HGET', k_job(id), 'run_at')), id}
+        local run_at = redis.call('HGET', k_job(id), 'run_at')
+        if run_at then
+          lapsed[#lapsed + 1] = {tonumber(run_at), id}
+        else
+          forget_vanished(q, id)
+        end
       end
       table.sort(lapsed, sooner)
       local j = 1
@@ -137,8 +143,13 @@ for qi = 0, nq - 1 do
           end
         else
           i = i + 2
-          take(load(d[2], CLAIM_MORE))
-          taken = taken + 1
+          local row = load(d[2], CLAIM_MORE)
+          if row then
+            take(row)
+            taken = taken + 1
+          else
+            forget_vanished(q, d[2])
+          end
         end
       end
     until taken >= free or read < window or not pages or windows == LAPSED_WINDOWS

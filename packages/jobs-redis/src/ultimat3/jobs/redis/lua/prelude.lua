@@ -230,6 +230,17 @@ local function drop(row)
   forget_queue_if_empty(q)
 end
 
+-- What a row whose hash vanished (evicted under a maxmemory policy other than noeviction, or
+-- deleted behind the driver's back) left in queue `q`'s indexes: removed, so a claim reading
+-- them goes on past it instead of failing every call. Called only when `id` names no row, so no
+-- other row's entries go with them. Its live key is freed by the next insert needing it.
+local function forget_vanished(q, id)
+  redis.call('ZREM', k_due(q), id)
+  redis.call('ZREM', k_lease(q), id)
+  for _, s in ipairs(STATES) do redis.call('ZREM', k_state(q, s), id) end
+  redis.call('ZREM', K_CREATED, id)
+end
+
 -- Remove up to `limit` done rows of queue `q` whose TTL passed on the driver's clock. Called by
 -- every claim and settle that touches the queue (a settle sweeps two rows for each it settles,
 -- so removal keeps pace with completion), and by each claim for one more queue picked at random.
@@ -294,7 +305,9 @@ local function insert_row(a)
   -- Takes the live key, or finds it held: one command for the check and the write.
   if redis.call('HSETNX', K_LIVE, lk, id) == 0 then
     local holder = redis.call('HGET', K_LIVE, lk)
-    return {holder, redis.call('HGET', k_job(holder), 'run_id'), 1}
+    local holder_run = redis.call('HGET', k_job(holder), 'run_id')
+    if holder_run then return {holder, holder_run, 1} end
+    redis.call('HSET', K_LIVE, lk, id)  -- its holder vanished (see forget_vanished): the key is free
   end
   local run_at = ARGV[a + 8]
   local state = 'ready'
