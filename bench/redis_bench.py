@@ -176,7 +176,7 @@ class Figures:
     drain: dict[int, list[float]]
     pickup_ms: list[float]
     enqueue_commands: float = 0.0
-    drain_commands: dict[int, float] = field(default_factory=dict)
+    drain_commands: dict[int, list[float]] = field(default_factory=dict)
 
 
 async def fresh_driver() -> RedisJobDriver:
@@ -315,7 +315,7 @@ async def measure() -> Figures:
         for concurrency in CONCURRENCIES if "drain" in ONLY else ():
             rate, commands = await drain(starts, concurrency, f"{tag}c{concurrency}")
             figures.drain[concurrency].append(rate)
-            figures.drain_commands[concurrency] = commands
+            figures.drain_commands.setdefault(concurrency, []).append(commands)
     if "pickup" in ONLY:
         figures.pickup_ms = await pickup(starts, "pickup")
     if "single" in ONLY:
@@ -359,11 +359,18 @@ def write_figures(figures: Figures, path: str) -> None:
             "pipelined": median(figures.raw_pipelined),
         }
     if figures.enqueue_single:
-        out["enqueue_single"] = {"rate": median(figures.enqueue_single)}
+        out["enqueue_single"] = {
+            "rate": median(figures.enqueue_single),
+            "driver_rate": median(figures.enqueue_driver_single),
+            "commands_per_job": figures.enqueue_commands,
+        }
     if figures.enqueue_batch:
         out["enqueue_batch"] = {"rate": median(figures.enqueue_batch)}
     if figures.drain_commands:
         out["drain"] = {str(c): median(rates) for c, rates in figures.drain.items()}
+        out["drain_commands_per_job"] = {
+            str(c): median(counts) for c, counts in figures.drain_commands.items()
+        }
     if figures.pickup_ms:
         out["pickup_ms"] = {"median": median(figures.pickup_ms), "max": max(figures.pickup_ms)}
     Path(path).write_text(json.dumps(out, indent=2) + "\n")
@@ -434,7 +441,7 @@ def report(figures: Figures) -> None:
         rows.append(
             (
                 f"Redis commands per job, drain at concurrency {concurrency}",
-                commands,
+                median(commands),
                 "cmds",
                 peer_figure(saq, "drain", str(concurrency), "counters", "redis_cmds_per_job"),
                 "",
