@@ -9,6 +9,7 @@ whole namespace, which the test checks too. The shared server is never stopped.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -86,11 +87,22 @@ class Workers:
         self.url, self.prefix, self.log = url, prefix, log
         self.processes: list[subprocess.Popen[bytes]] = []
 
-    def start(self, visibility: float) -> subprocess.Popen[bytes]:
-        process = subprocess.Popen(
-            [sys.executable, str(WORKER), self.url, self.prefix, str(self.log), str(visibility)],
-            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
-        )
+    def start(self, visibility: float, *, stderr: Path | None = None) -> subprocess.Popen[bytes]:
+        """A worker process; its log lines (stderr) go to ``stderr`` when given."""
+        with contextlib.ExitStack() as files:
+            err = files.enter_context(stderr.open("wb")) if stderr is not None else None
+            process = subprocess.Popen(
+                [
+                    sys.executable,
+                    str(WORKER),
+                    self.url,
+                    self.prefix,
+                    str(self.log),
+                    str(visibility),
+                ],
+                env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+                stderr=err,
+            )
         self.processes.append(process)
         return process
 
@@ -151,6 +163,13 @@ def _fault(driver: RedisJobDriver, label: str, hang: float = 0.0) -> EnqueueRequ
     )
 
 
+async def _eventually(check: Callable[[], bool], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "never came true"
+        await asyncio.sleep(0.05)
+
+
 async def _until_done(driver: RedisJobDriver, job_id: str, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -181,19 +200,32 @@ async def test_a_worker_survives_a_redis_restart_and_goes_on(
 ) -> None:
     workers = Workers(private_redis_url, "restart", tmp_path / "starts.log")
     driver = redis_job_driver(url=private_redis_url, prefix="restart")
+    worker_log = tmp_path / "worker.err"
     try:
-        worker = workers.start(visibility=5.0)
+        worker = workers.start(visibility=5.0, stderr=worker_log)
         before = await driver.enqueue(_fault(driver, "before"))
         assert await workers.started("before", 1) == worker.pid
         await _until_done(driver, before.id)
+        in_flight = await driver.enqueue(_fault(driver, "in-flight", hang=2.0))
+        assert await workers.started("in-flight", 1) == worker.pid
 
         await asyncio.to_thread(restart_private_redis)
 
-        # Without persistence the restart erased the namespace: the done row is gone.
+        # Without persistence the restart erased the namespace: the done row is gone, and so is
+        # the row of the run still in flight, whose settle then lands nowhere.
         assert await driver.introspect.get(before.id) is None
+        assert await driver.introspect.get(in_flight.id) is None
         after = await driver.enqueue(_fault(driver, "after"))
         assert await workers.started("after", 1) == worker.pid
         await _until_done(driver, after.id)
+        # The run in flight learns it at its next heartbeat, or at its settle if it ends first.
+        await _eventually(
+            lambda: any(
+                event in worker_log.read_text()
+                for event in ("jobs.lease.lost", "jobs.settle.unowned")
+            )
+        )
+        assert [label for label, _, _ in workers.starts()] == ["before", "in-flight", "after"]
         assert worker.poll() is None, "the worker process died with the server"
     finally:
         workers.stop_all()
