@@ -107,6 +107,16 @@ def test_removing_an_unknown_id_answers_not_found(
     assert (code, answer) == (0, {"removed": job_id})
 
 
+def test_delete_is_another_name_for_remove(
+    use_driver: MemoryJobDriver, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import asyncio
+
+    job_id = asyncio.run(enqueue("d"))
+    code, answer = run(capsys, "jobs", "delete", job_id, "--json")
+    assert (code, answer) == (0, {"removed": job_id})
+
+
 def test_jobs_show_redacts_secrets(
     use_driver: MemoryJobDriver, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -394,7 +394,9 @@ def _parser() -> argparse.ArgumentParser:
     cancel.set_defaults(
         handler=_with_driver(_row_command(lambda a, d: cancel_job(d, a.id, a.reason)))
     )
-    remove = jobs.add_parser("remove", parents=[common], help="delete one job and its steps")
+    remove = jobs.add_parser(
+        "remove", aliases=["delete"], parents=[common], help="delete one job and its steps"
+    )
     remove.add_argument("id")
     remove.set_defaults(handler=_with_driver(_jobs_remove))
     promote = jobs.add_parser("promote", parents=[common], help="make a waiting job due now")
