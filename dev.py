@@ -60,11 +60,17 @@ def _current(profile: str) -> bool:
 
 def ensure(profile: str) -> None:
     """Create the venv and install ``profile`` ('core' or 'all') unless already current."""
-    if not PYTHON.exists():
+    if PYTHON.exists() and (_current(profile) or (profile == "core" and _current("all"))):
+        return  # 'all' holds core
+    if not _has_pip():  # absent, or left half-made by a create that failed at ensurepip
         print("dev.py: creating .venv", flush=True)
-        venv.EnvBuilder(with_pip=True).create(VENV)
-    if _current(profile) or (profile == "core" and _current("all")):  # 'all' holds core
-        return
+        try:
+            venv.EnvBuilder(with_pip=True, clear=True).create(VENV)
+        except subprocess.CalledProcessError:
+            sys.exit(
+                "dev.py: this Python cannot make a virtualenv with pip in it; install its venv "
+                "module (on Debian or Ubuntu: apt install python3-venv) and run dev.py again"
+            )
     print(f"dev.py: installing the workspace ({profile}) into .venv", flush=True)
     packages = CORE if profile == "core" else [*WORKSPACE, *_dev_group()]
     subprocess.run(
@@ -72,6 +78,13 @@ def ensure(profile: str) -> None:
         check=True,
     )
     (VENV / f".installed-{profile}").write_text(_fingerprint(profile))
+
+
+def _has_pip() -> bool:
+    if not PYTHON.exists():
+        return False
+    probe = [str(PYTHON), "-m", "pip", "--version"]
+    return subprocess.run(probe, capture_output=True).returncode == 0
 
 
 def run(*command: str) -> int:

@@ -68,12 +68,27 @@ def test_a_test_needing_a_dead_environment_url_is_skipped_naming_it(
 ) -> None:
     dead = _nowhere_redis()
     monkeypatch.setenv("REDIS_URL", dead)
+    monkeypatch.delenv("UJOBS_REQUIRE_SERVICES", raising=False)
     pytester.makepyfile("def test_needs_redis(redis_url):\n    pass\n")
     result = pytester.runpytest_inprocess(
         "-p", "no:cacheprovider", "-o", "asyncio_default_fixture_loop_scope=function", "-rs"
     )
     result.assert_outcomes(skipped=1)
     result.stdout.fnmatch_lines([f"*no Redis server found: REDIS_URL is set to {dead} and it*"])
+
+
+def test_a_run_requiring_its_services_fails_a_test_whose_server_is_nowhere(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dead = _nowhere_redis()
+    monkeypatch.setenv("REDIS_URL", dead)
+    monkeypatch.setenv("UJOBS_REQUIRE_SERVICES", "1")
+    pytester.makepyfile("def test_needs_redis(redis_url):\n    pass\n")
+    result = pytester.runpytest_inprocess(
+        "-p", "no:cacheprovider", "-o", "asyncio_default_fixture_loop_scope=function"
+    )
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*no Redis server found: REDIS_URL is set to*"])
 
 
 def test_an_absent_docker_engine_is_found_absent_at_once() -> None:

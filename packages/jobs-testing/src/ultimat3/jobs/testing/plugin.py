@@ -3,13 +3,17 @@
 Registered as a pytest plugin by the ``ultimat3-jobs-testing`` distribution, so any project that
 installs it can ask for ``postgres_url``/``pg_database_url`` and ``redis_url``/``redis_prefix``.
 Each server is looked for once per session (see ``services``); one this session started is
-stopped when the session ends.
+stopped when the session ends. A test whose server is nowhere is skipped with the reason, unless
+``UJOBS_REQUIRE_SERVICES=1``: then it fails with it (CI sets it, so a run cannot pass green with
+every server test skipped).
 """
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
+from typing import NoReturn
 
 import pytest
 
@@ -40,7 +44,7 @@ def _redis_found() -> Iterator[Found]:
 def postgres_url(_postgres_found: Found) -> str:
     """A URL of a Postgres server the tests may create databases on."""
     if _postgres_found.url is None:
-        pytest.skip(f"no PostgreSQL server found: {_postgres_found.reason}")
+        _missing(f"no PostgreSQL server found: {_postgres_found.reason}")
     return _postgres_found.url
 
 
@@ -55,7 +59,7 @@ def pg_database_url(postgres_url: str) -> Iterator[str]:
 def redis_url(_redis_found: Found) -> str:
     """A URL of a Redis server the tests may write prefixed keys to."""
     if _redis_found.url is None:
-        pytest.skip(f"no Redis server found: {_redis_found.reason}")
+        _missing(f"no Redis server found: {_redis_found.reason}")
     return _redis_found.url
 
 
@@ -75,3 +79,13 @@ def redis_prefix(redis_url: str) -> Iterator[str]:
                 client.delete(*keys)
         finally:
             client.close()
+
+
+REQUIRE_SERVICES = "UJOBS_REQUIRE_SERVICES"
+
+
+def _missing(reason: str) -> NoReturn:
+    """Skip the test for want of its server, or fail it when the run requires every server."""
+    if os.environ.get(REQUIRE_SERVICES) == "1":
+        pytest.fail(f"{reason} ({REQUIRE_SERVICES}=1)", pytrace=False)
+    pytest.skip(reason)
