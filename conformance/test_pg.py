@@ -18,6 +18,8 @@ from ultimat3.jobs.pg import (
 from ultimat3.jobs.testing import ConformanceTarget, job_driver_conformance
 from ultimat3.jobs.testing.services import scratch_database
 
+pytestmark = pytest.mark.pg  # its servers are asked for inside the fixtures
+
 
 @pytest.fixture(scope="module")
 def pg_conformance_url(postgres_url: str) -> Iterator[str]:

@@ -13,6 +13,8 @@ from ultimat3.jobs.redis import redis_job_driver, redis_lease_leader, redis_sche
 from ultimat3.jobs.testing import ConformanceTarget, job_driver_conformance
 from ultimat3.jobs.testing.services import scratch_database
 
+pytestmark = pytest.mark.redis  # its servers are asked for inside the fixtures
+
 
 @pytest.fixture(scope="module")
 def outbox_database(request: pytest.FixtureRequest) -> Iterator[str | None]:

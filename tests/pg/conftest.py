@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -42,3 +43,12 @@ def private_postgres() -> Iterator[Found]:
         yield found
     finally:
         found.stop()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test of this folder needs a PostgreSQL server (some start their own of it), so
+    ``-m "not pg"`` leaves them all out."""
+    here = Path(__file__).parent
+    for item in items:
+        if here in item.path.parents:
+            item.add_marker(pytest.mark.pg)

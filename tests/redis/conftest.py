@@ -223,3 +223,12 @@ def _until_cluster_ok(nodes: list[PrivateRedis], timeout: float = 30.0) -> bool:
             return True
         time.sleep(0.1)
     return False
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test of this folder needs a Redis server (some start their own of it), so
+    ``-m "not redis"`` leaves them all out."""
+    here = Path(__file__).parent
+    for item in items:
+        if here in item.path.parents:
+            item.add_marker(pytest.mark.redis)

@@ -81,6 +81,22 @@ def redis_prefix(redis_url: str) -> Iterator[str]:
             client.close()
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "pg: needs a PostgreSQL server")
+    config.addinivalue_line("markers", "redis: needs a Redis server")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test that asks for a server, however deep the fixture asking for it, so
+    ``-m "not pg and not redis"`` selects exactly the tests that need neither."""
+    for item in items:
+        needs = set(getattr(item, "fixturenames", ()))
+        if "postgres_url" in needs:
+            item.add_marker(pytest.mark.pg)
+        if "redis_url" in needs:
+            item.add_marker(pytest.mark.redis)
+
+
 REQUIRE_SERVICES = "UJOBS_REQUIRE_SERVICES"
 
 
