@@ -7,6 +7,7 @@ import asyncio
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import psycopg
 import pytest
@@ -136,17 +137,41 @@ def counting_tick(name: str, runs: Counter[int], pause: float) -> JobHandle[Tick
     return tick
 
 
+async def terminate_the_workers_backends(admin: psycopg.AsyncConnection[Any]) -> tuple[int, int]:
+    """Kill every other session on the test database — the worker's pool — and wait until they
+    are gone: how many were killed, and how many rows were running as the kill began (read in
+    the same statement, so on its snapshot)."""
+    cursor = await admin.execute(
+        "with running as (select count(*) as n from x_jobs where state = 'running') "
+        "select count(pg_terminate_backend(a.pid, 10000)), (select n from running) "
+        "from pg_stat_activity a "
+        "where a.datname = current_database() and a.pid <> pg_backend_pid()"
+    )
+    row = await cursor.fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1])
+
+
 RUNS: Counter[int] = Counter()
-pg_fault_tick = counting_tick("pg-faults", RUNS, 0.002)
+pg_fault_tick = counting_tick("pg-faults", RUNS, 0.05)  # the kills land mid-run
 
 
 async def test_a_worker_loses_nothing_while_its_connections_are_terminated(pg_url: str) -> None:
-    async def terminate_three_times() -> None:
-        for _ in range(3):
-            await asyncio.sleep(0.05)
-            await terminate_other_backends(pg_url)
+    """The worker's connections are killed three times while its jobs run — each kill lands
+    with rows running and others not yet started — and every job is done in the end."""
+    count = 800
 
-    await loses_nothing(pg_url, pg_fault_tick, RUNS, 300, terminate_three_times)
+    async def terminate_mid_run() -> None:
+        async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as admin:
+            for started in (50, 200, 350):
+                while len(RUNS) < started:
+                    await asyncio.sleep(0.01)
+                killed, running = await terminate_the_workers_backends(admin)
+                assert killed >= 1  # the worker's connections, not an empty room
+                assert running >= 1  # rows were running when their connections died
+                assert len(RUNS) < count  # the kill landed mid-run
+
+    await loses_nothing(pg_url, pg_fault_tick, RUNS, count, terminate_mid_run)
 
 
 SLOW_RUNS: Counter[int] = Counter()
