@@ -15,7 +15,16 @@ from typing import Any
 import psycopg
 import pytest
 
-from ultimat3.jobs.core import Enqueued, EnqueueRequest, FrozenClock, JobState, QueueWake, new_id
+from ultimat3.jobs.core import (
+    BulkFilter,
+    BulkResult,
+    Enqueued,
+    EnqueueRequest,
+    FrozenClock,
+    JobState,
+    QueueWake,
+    new_id,
+)
 from ultimat3.jobs.core.wake import on_wake_lost
 from ultimat3.jobs.pg import PgQueueWake, PostgresJobDriver, postgres_job_driver, start_queue_wake
 
@@ -214,6 +223,31 @@ async def test_requeue_and_promote_announce_the_queue(
     detail = await driver.introspect.get(later.id)
     assert detail is not None
     assert detail.row.state is JobState.READY
+
+
+async def test_requeue_many_and_promote_many_announce_each_queue_they_moved_rows_of(
+    wake: PgQueueWake, driver: PostgresJobDriver, clock: FrozenClock
+) -> None:
+    later = [await driver.enqueue(job(clock, queue, delay=60)) for queue in ("a", "a", "b")]
+    heard = Heard(wake)
+
+    promoted = await driver.introspect.promote_many(BulkFilter(state=JobState.DELAYED))
+    assert promoted == BulkResult(affected=3, remaining=0)
+    assert sorted([await heard.next(), await heard.next()]) == ["a", "b"]
+    await driver.enqueue(job(clock, "marker-1"))
+    assert await heard.next() == "marker-1"  # one announcement per queue, nothing more
+
+    for row in later:
+        assert await driver.introspect.cancel(row.id) is not None
+    requeued = await driver.introspect.requeue_many(BulkFilter(state=JobState.CANCELLED))
+    assert requeued == BulkResult(affected=3, remaining=0)
+    assert sorted([await heard.next(), await heard.next()]) == ["a", "b"]
+    await driver.enqueue(job(clock, "marker-2"))
+    assert await heard.next() == "marker-2"
+    for row in later:
+        detail = await driver.introspect.get(row.id)
+        assert detail is not None
+        assert detail.row.state is JobState.READY
 
 
 async def test_the_wake_dials_again_after_its_session_is_killed(
