@@ -1,7 +1,8 @@
 """The wake: one LISTEN session, proven by a probe, fed by throttled NOTIFYs, re-dialled when lost.
 
 Real notifications on a real server: the waits here are bounded polls of a live socket, never
-assertions about how long anything took.
+assertions about how long anything took — but for one generous bound: a worker the wake rings
+starts its job within 15 s, where its own poll would take a minute.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from support.jobs import Item, item_job
 
 from ultimat3.jobs.core import (
     BulkFilter,
@@ -23,6 +25,7 @@ from ultimat3.jobs.core import (
     FrozenClock,
     JobState,
     QueueWake,
+    job_worker,
     new_id,
 )
 from ultimat3.jobs.core.wake import on_wake_lost
@@ -248,6 +251,53 @@ async def test_requeue_many_and_promote_many_announce_each_queue_they_moved_rows
         detail = await driver.introspect.get(row.id)
         assert detail is not None
         assert detail.row.state is JobState.READY
+
+
+async def test_an_enqueue_in_another_process_wakes_an_idle_worker_at_once(pg_url: str) -> None:
+    """Its poll would not come back for a minute: only the enqueue's NOTIFY, heard on the wake,
+    can start the job within seconds. The enqueue goes straight to a second driver on its own
+    pool, as another process's would: no in-process signal rings the worker."""
+    first_run, woken_run, hold = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+    async def first(*, input: Item) -> None:
+        first_run.set()
+        await hold.wait()
+
+    async def woken(*, input: Item) -> None:
+        woken_run.set()
+
+    first_job = item_job(first, queue="wake-first")
+    woken_job = item_job(woken, queue="wake-woken")
+    worker_process = postgres_job_driver(pg_url)
+    other_process = postgres_job_driver(pg_url)
+    # Committed before anyone listens: no announcement of it reaches the worker.
+    await other_process.enqueue_many([first_job.request(Item(0), clock=other_process.clock)])
+    wake = start_queue_wake(listener=pg_url, executor=worker_process.executor)
+    worker = job_worker(
+        driver=worker_process,
+        context=lambda: None,
+        jobs=[first_job, woken_job],
+        concurrency=1,
+        poll_interval=60,
+        idle_poll_max=60,
+        wake=wake,
+    )
+    try:
+        await until_live(wake)
+        async with worker:
+            try:
+                # The first pass took that row; the next comes in a minute, or when rung.
+                await asyncio.wait_for(first_run.wait(), PATIENCE_S)
+                await other_process.enqueue_many(
+                    [woken_job.request(Item(1), clock=other_process.clock)]
+                )
+                await asyncio.wait_for(woken_run.wait(), 15)
+            finally:
+                hold.set()  # the worker stops once its jobs end
+    finally:
+        await wake.close()
+        await other_process.close()
+        await worker_process.close()
 
 
 async def test_the_wake_dials_again_after_its_session_is_killed(
