@@ -5,69 +5,23 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 import pytest
+from support.concurrency import Accounts, Sync, keyed, rows, sync_job
 from support.eventually import run_clock, settle, until
-from support.jobs import declared
 
 from ultimat3.jobs.core import (
     Concurrency,
     ConcurrencyUnenforceableError,
     FrozenClock,
-    JobFilter,
     JobSlotLostError,
     JobState,
     job_lease_key,
     job_worker,
 )
 from ultimat3.jobs.core.memory import MemoryJobDriver
-
-
-@dataclass
-class Sync:
-    account: str
-    n: int = 0
-
-
-class Accounts:
-    """Bodies that hold their run until released, counting runs in flight per account."""
-
-    def __init__(self) -> None:
-        self.release = asyncio.Event()
-        self.active: Counter[str] = Counter()
-        self.peak: Counter[str] = Counter()
-        self.total_peak = 0
-        self.started: list[tuple[str, int]] = []
-        self.reasons: list[BaseException | None] = []
-
-    async def run(self, *, input: Sync, ctx: Any) -> None:
-        self.started.append((input.account, input.n))
-        self.active[input.account] += 1
-        self.peak[input.account] = max(self.peak[input.account], self.active[input.account])
-        self.total_peak = max(self.total_peak, sum(self.active.values()))
-        try:
-            await self.release.wait()
-        except asyncio.CancelledError:
-            self.reasons.append(ctx.signal.reason)
-            raise
-        finally:
-            self.active[input.account] -= 1
-
-
-def sync_job(body: Any, **options: Any) -> Any:
-    return declared(body, input=Sync, key=lambda i: f"sync:{i.account}:{i.n}", **options)
-
-
-def keyed(when_busy: str = "wait", limit: int = 1) -> Concurrency[Sync]:
-    return Concurrency(key=lambda i: i.account, limit=limit, when_busy=when_busy)  # type: ignore[arg-type]
-
-
-async def rows(driver: MemoryJobDriver) -> list[Any]:
-    page = await driver.introspect.list(JobFilter(limit=200))
-    return sorted(page.rows, key=lambda r: r.idempotency_key)
 
 
 async def test_a_plain_cap_holds_across_every_worker_of_the_fleet(
