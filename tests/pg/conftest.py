@@ -1,9 +1,9 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 
 import pytest
+from support.markers import mark_folder
 
 from ultimat3.jobs.core import FrozenClock
 from ultimat3.jobs.pg import PostgresJobDriver, install, postgres_job_driver
@@ -48,7 +48,4 @@ def private_postgres() -> Iterator[Found]:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test of this folder needs a PostgreSQL server (some start their own of it), so
     ``-m "not pg"`` leaves them all out."""
-    here = Path(__file__).parent
-    for item in items:
-        if here in item.path.parents:
-            item.add_marker(pytest.mark.pg)
+    mark_folder(items, __file__, pytest.mark.pg)

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import redis as syncredis
 from redis.exceptions import RedisError
+from support.markers import mark_folder
 
 from ultimat3.jobs.core import EnqueueRequest, FrozenClock, new_id
 from ultimat3.jobs.redis import RedisJobDriver, redis_job_driver
@@ -228,7 +229,4 @@ def _until_cluster_ok(nodes: list[PrivateRedis], timeout: float = 30.0) -> bool:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test of this folder needs a Redis server (some start their own of it), so
     ``-m "not redis"`` leaves them all out."""
-    here = Path(__file__).parent
-    for item in items:
-        if here in item.path.parents:
-            item.add_marker(pytest.mark.redis)
+    mark_folder(items, __file__, pytest.mark.redis)
