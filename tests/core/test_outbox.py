@@ -208,13 +208,20 @@ async def test_release_and_mark_published_move_only_the_claimants_rows(
 # -- the relay ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "30s"])
-def test_a_claim_lease_that_is_not_a_positive_whole_number_of_ms_is_refused(
+@pytest.mark.parametrize("bad", [0, -1, "0s", "-5s", "soon", float("nan")])
+def test_a_claim_lease_that_is_not_a_positive_duration_is_refused(
     driver: MemoryJobDriver, store: MemoryOutboxStore, bad: Any
 ) -> None:
     with pytest.raises(InvariantError) as raised:
-        outbox_relay(store=store, driver=driver, claim_lease_ms=bad)
+        outbox_relay(store=store, driver=driver, claim_lease=bad)
     assert raised.value.code == "X_INVARIANT"
+
+
+@pytest.mark.parametrize("lease", [30, 30.0, "30s", timedelta(seconds=30)])
+def test_a_claim_lease_is_any_duration(
+    driver: MemoryJobDriver, store: MemoryOutboxStore, lease: Any
+) -> None:
+    outbox_relay(store=store, driver=driver, claim_lease=lease)
 
 
 async def test_the_relay_publishes_in_staged_order_and_wakes_this_processs_worker(
@@ -325,7 +332,7 @@ async def test_a_relay_that_stalls_past_its_lease_retires_nothing_another_relay_
     await store.stage(staged)
     stalled_driver = FlakyDriver(driver)
     stalled_driver.gate = asyncio.Event()
-    stalled = relay_of(store, stalled_driver, clock, claim_lease_ms=30_000)
+    stalled = relay_of(store, stalled_driver, clock, claim_lease=30)
     stalled_pass = asyncio.ensure_future(stalled.run_once())
     await settle()
     clock.advance(31)  # its lease lapses mid-publish

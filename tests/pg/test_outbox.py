@@ -104,7 +104,7 @@ def relay_of(
         store=store,
         driver=driver,
         clock=clock,
-        claim_lease_ms=LEASE_S * 1000,
+        claim_lease=LEASE_S,
         batch=batch,
         drain_on_shutdown=False,
     )

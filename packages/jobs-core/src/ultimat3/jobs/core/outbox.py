@@ -9,7 +9,7 @@ followed by a crash before the enqueue loses the job. With it:
   job it will become. Outside one it publishes straight to the driver, or raises
   ``X_OUTBOX_NO_TX`` under ``mode="required"``.
 - ``outbox_relay(store=, driver=)`` publishes committed rows: it CLAIMS a batch with a lease
-  (``claim_lease_ms``), publishes it through ``driver.enqueue_many`` under the staged ids, then
+  (``claim_lease``), publishes it through ``driver.enqueue_many`` under the staged ids, then
   marks it published. A crash between the two re-publishes, and the repeat meets the job the first
   publish made (an id that already names a row inserts nothing). Release and mark-published are
   fenced on the claimant, so a relay that stalls past its lease retires and releases nothing
@@ -49,14 +49,14 @@ from .protocol import JobDriver, OutboxStore, QueueWake
 from .wake import on_wake_lost, signal_enqueued
 
 __all__ = [
-    "DEFAULT_CLAIM_LEASE_MS",
+    "DEFAULT_CLAIM_LEASE_S",
     "OutboxJobsFacade",
     "OutboxRelay",
     "outbox_jobs_facade",
     "outbox_relay",
 ]
 
-DEFAULT_CLAIM_LEASE_MS = 30_000
+DEFAULT_CLAIM_LEASE_S = 30.0
 """How long the rows of a relay that died mid-batch wait before another relay may take them."""
 
 
@@ -114,7 +114,7 @@ class OutboxRelay:
         *,
         store: OutboxStore,
         driver: JobDriver,
-        claim_lease_ms: int,
+        claim_lease: Duration,
         batch: int,
         interval: Duration,
         idle_poll_max: Duration | None,
@@ -122,21 +122,11 @@ class OutboxRelay:
         drain_on_shutdown: bool,
         wake: QueueWake | None,
     ) -> None:
-        if (
-            isinstance(claim_lease_ms, bool)
-            or not isinstance(claim_lease_ms, int)
-            or claim_lease_ms <= 0
-        ):
-            raise InvariantError(
-                f"claim_lease_ms must be a positive whole number of milliseconds, got "
-                f"{claim_lease_ms!r}",
-                meta={"field": "claim_lease_ms"},
-            )
         if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
             raise InvariantError(f"batch must be a whole number >= 1, got {batch!r}")
         self._store = store
         self._driver = driver
-        self._lease = claim_lease_ms / 1000
+        self._lease = positive_seconds(claim_lease, "claim_lease")
         self._batch = batch
         self._interval = positive_seconds(interval, "interval")
         self._idle_max = (
@@ -260,7 +250,7 @@ def outbox_relay(
     *,
     store: OutboxStore,
     driver: JobDriver,
-    claim_lease_ms: int = DEFAULT_CLAIM_LEASE_MS,
+    claim_lease: Duration = DEFAULT_CLAIM_LEASE_S,
     batch: int = 100,
     interval: Duration = 0.2,
     idle_poll_max: Duration | None = None,
@@ -279,7 +269,7 @@ def outbox_relay(
     return OutboxRelay(
         store=store,
         driver=driver,
-        claim_lease_ms=claim_lease_ms,
+        claim_lease=claim_lease,
         batch=batch,
         interval=interval,
         idle_poll_max=idle_poll_max,
