@@ -8,7 +8,7 @@ import inspect
 import psycopg
 import pytest
 
-from ultimat3.jobs.core import DriverUnavailableError, StepRecord
+from ultimat3.jobs.core import DriverUnavailableError, EnqueueRequest, StepRecord, new_id
 from ultimat3.jobs.core.cli import driver_for_url, main
 from ultimat3.jobs.pg import (
     SQL_JOBS_TABLE,
@@ -66,9 +66,36 @@ async def test_install_creates_every_table(pg_url: str) -> None:
     assert tables_of(pg_url) >= TABLES
 
 
-async def test_install_twice_changes_nothing(pg_url: str) -> None:
+def schema_and_rows_of(url: str) -> tuple[object, ...]:
+    """Every index and constraint of the public schema, as their definitions, and the jobs."""
+    with psycopg.connect(url) as conn:
+        indexes = conn.execute(
+            "select indexname, indexdef from pg_indexes where schemaname = 'public' order by 1"
+        ).fetchall()
+        constraints = conn.execute(
+            "select conname, pg_get_constraintdef(oid) from pg_constraint"
+            " where connamespace = 'public'::regnamespace order by 1"
+        ).fetchall()
+        jobs = conn.execute("select * from x_jobs order by id").fetchall()
+        steps = conn.execute("select * from x_job_steps order by run_id, name").fetchall()
+    return tables_of(url), indexes, constraints, jobs, steps
+
+
+async def test_install_twice_changes_nothing(pg_url: str, driver: PostgresJobDriver) -> None:
+    now = driver.clock.now()
+    queued = await driver.enqueue(
+        EnqueueRequest(new_id(), new_id(), "n", "q", {"a": 1}, "k", None, 3, now)
+    )
+    (job,) = (await driver.claim(worker_id="w", slots={"q": 1}, visibility_timeout=30)).jobs
+    assert await driver.save_step(job.id, job.claim, job.run_id, StepRecord("s", 0, {"ok": 1}))
+    before = schema_and_rows_of(pg_url)
+    _, indexes, constraints, jobs, steps = before
+    assert indexes
+    assert constraints
+    assert (len(jobs), len(steps)) == (1, 1)
     await install(pg_url)
-    assert tables_of(pg_url) >= TABLES
+    assert schema_and_rows_of(pg_url) == before
+    assert (await driver.introspect.get(queued.id)) is not None
 
 
 async def test_installs_racing_from_several_processes_all_succeed(pg_database_url: str) -> None:
