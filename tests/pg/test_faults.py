@@ -195,6 +195,32 @@ async def test_a_worker_loses_nothing_across_a_server_restart(private_postgres: 
     await loses_nothing(url, pg_restart_tick, SLOW_RUNS, 400, restart_mid_run)
 
 
+CRASH_RUNS: Counter[int] = Counter()
+pg_crash_tick = counting_tick("pg-crash", CRASH_RUNS, 0.05)  # the crash lands mid-run
+
+
+async def test_a_worker_loses_nothing_across_a_server_crash(private_postgres: Found) -> None:
+    """The server stops at once mid-run, as a crash would (an immediate shutdown: the WAL not
+    yet written is gone, and it starts again through crash recovery). Every commit the driver
+    waited for survives it; a claim, renewal or progress write it sent with a relaxed commit
+    may be gone, and costs only a delivery: every job is still done in the end."""
+    url, crash = private_postgres.url, private_postgres.crash
+    assert url is not None
+    assert crash is not None
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as admin:
+        # The test cluster relaxes every commit; what a crash keeps is told with real commits.
+        await admin.execute("alter database postgres set synchronous_commit = on")
+    await install(url)
+
+    async def crash_mid_run() -> None:
+        while len(CRASH_RUNS) < 60:
+            await asyncio.sleep(0.01)
+        await asyncio.to_thread(crash)
+        assert len(CRASH_RUNS) < 400  # the crash landed mid-run
+
+    await loses_nothing(url, pg_crash_tick, CRASH_RUNS, 400, crash_mid_run)
+
+
 async def loses_nothing(
     url: str,
     handle: JobHandle[Tick, None],

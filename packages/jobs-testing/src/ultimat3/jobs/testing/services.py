@@ -64,6 +64,11 @@ class Found:
     restart: Callable[[], None] | None = None
     """Restarts the server this process started from local binaries (a fast shutdown, then the
     same data on the same port); None for any other."""
+    crash: Callable[[], None] | None = None
+    """Stops that server at once, as a crash would (an immediate shutdown: no checkpoint, the
+    WAL not yet written lost), and starts it again through crash recovery; None for any other.
+    The cluster runs with ``synchronous_commit=off``: a test of what a crash keeps sets it back
+    on for its database (``alter database … set synchronous_commit = on``)."""
 
     @property
     def reason(self) -> str:
@@ -316,7 +321,10 @@ def start_local_postgres() -> Found:
         stop()
         raise _UnavailableError(f"local binaries: the started server does not answer: {failure}")
     return Found(
-        url, stop=_once(stop), restart=lambda: pg_ctl_run("restart", "-m", "fast", "-w", "-t", "30")
+        url,
+        stop=_once(stop),
+        restart=lambda: pg_ctl_run("restart", "-m", "fast", "-w", "-t", "30"),
+        crash=lambda: pg_ctl_run("restart", "-m", "immediate", "-w", "-t", "30"),
     )
 
 
