@@ -1,4 +1,5 @@
-"""Real worker processes against the real server: killed mid-job, and two side by side.
+"""Real worker processes against the real server: killed or stalled mid-job, and two side by
+side.
 
 These wait in real time (a killed process's lease has to lapse on the wall clock), with generous
 bounds; nothing asserts how long anything took.
@@ -168,3 +169,42 @@ async def test_two_worker_processes_never_run_one_row_at_once(
     assert len(starts) == 300
     assert set(starts.values()) == {1}
     assert len({line[2] for line in lines}) == 2, "both processes took a share"
+
+
+async def test_a_stalled_worker_that_wakes_after_its_lease_lapsed_changes_nothing(
+    workers: Workers, admin: PostgresJobDriver
+) -> None:
+    """A worker frozen mid-job (SIGSTOP: a long GC pause, a VM migration) past its lease: another
+    worker runs the row again and finishes it. The first one, let go, settles nothing — its
+    writes are fenced on a claim the row no longer holds — and lives on."""
+    since = SYSTEM_CLOCK.now()
+    queued = await admin.enqueue(row("pg_proc_slow", "proc-slow", 1))
+    stalled = workers.start()
+    await workers.until_lines(lambda lines: len(lines) >= 1)
+    os.kill(stalled.pid, signal.SIGSTOP)
+    try:
+        workers.start()
+
+        async def done_by_another() -> None:
+            while True:
+                detail = await admin.introspect.get(queued.id)
+                assert detail is not None
+                if detail.row.state is JobState.DONE:
+                    return
+                await asyncio.sleep(0.05)
+
+        await asyncio.wait_for(done_by_another(), PATIENCE_S)
+    finally:
+        os.kill(stalled.pid, signal.SIGCONT)
+    lines = workers.lines()
+    assert [line[:3] for line in lines if line[0] == "start"] == [
+        ["start", queued.id, "1"],
+        ["start", queued.id, "2"],
+    ]
+    await asyncio.sleep(3 * VISIBILITY_S)  # the stalled worker's heartbeat, or its settle, lands
+    detail = await admin.introspect.get(queued.id)
+    assert detail is not None
+    assert (detail.row.state, detail.row.attempt) == (JobState.DONE, 2)
+    (totals,) = await admin.introspect.counter_totals(since=since)
+    assert (totals.done, totals.retried, totals.failed, totals.dead) == (1, 0, 0, 0)
+    assert stalled.poll() is None, "the stalled worker died of its lost lease"

@@ -8,7 +8,9 @@ lines from several processes never interleave):
 - ``pg_proc_sleepy`` (queue ``proc-sleepy``): logs ``start <id> <attempt> <pid>`` and then sleeps
   for a minute — long enough for the test to SIGKILL the process mid-job;
 - ``pg_proc_work`` (queue ``proc-work``): logs ``start <id> <pid>``, works a few milliseconds,
-  logs ``end <id> <pid>``.
+  logs ``end <id> <pid>``;
+- ``pg_proc_slow`` (queue ``proc-slow``): logs ``start <id> <attempt> <pid>``, works a second,
+  logs ``end <id> <attempt> <pid>`` — long enough for the test to SIGSTOP the process mid-job.
 """
 
 from __future__ import annotations
@@ -51,13 +53,26 @@ async def pg_proc_work(*, job_id: str) -> None:
     log(f"end {job_id} {os.getpid()}")
 
 
+@job(
+    input=dict,
+    idempotency_key=lambda i: f"slow:{i['n']}",
+    tenant="none",
+    queue="proc-slow",
+    retry=Retry(attempts=2),
+)
+async def pg_proc_slow(*, job_id: str, attempt: int) -> None:
+    log(f"start {job_id} {attempt} {os.getpid()}")
+    await asyncio.sleep(1.0)
+    log(f"end {job_id} {attempt} {os.getpid()}")
+
+
 async def main(url: str, visibility: float, concurrency: int) -> None:
     driver = postgres_job_driver(url)
     wake = start_queue_wake(listener=url, executor=driver.executor)
     worker = job_worker(
         driver=driver,
         context=lambda: None,
-        jobs=[pg_proc_sleepy, pg_proc_work],
+        jobs=[pg_proc_sleepy, pg_proc_work, pg_proc_slow],
         concurrency=concurrency,
         visibility_timeout=visibility,
         wake=wake,
