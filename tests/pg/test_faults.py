@@ -1,5 +1,5 @@
 """Faults against the real server: racing claimants, stale settles, connections killed mid-run,
-and a server restarted mid-run (one of the test's own)."""
+and a server restarted or crashed mid-run (one of the test's own)."""
 
 from __future__ import annotations
 
@@ -175,50 +175,35 @@ async def test_a_worker_loses_nothing_while_its_connections_are_terminated(pg_ur
 
 
 SLOW_RUNS: Counter[int] = Counter()
-pg_restart_tick = counting_tick("pg-restart", SLOW_RUNS, 0.05)  # the restart lands mid-run
+pg_restart_tick = counting_tick("pg-restart", SLOW_RUNS, 0.05)  # the fault lands mid-run
 
 
-async def test_a_worker_loses_nothing_across_a_server_restart(private_postgres: Found) -> None:
-    """A real restart (fast shutdown, the same data on the same port) while jobs run: the
-    worker rides it out on its pool, and every job is done in the end."""
-    url, restart = private_postgres.url, private_postgres.restart
+@pytest.mark.parametrize("fault", ["restart", "crash"])
+async def test_a_worker_loses_nothing_across_a_server_restart_or_crash(
+    private_postgres: Found, fault: str
+) -> None:
+    """The server goes down while jobs run, on a cluster of the test's own, and comes back with
+    the same data on the same port: a restart (a fast shutdown), or a crash (an immediate one:
+    the WAL not yet written is gone, and it starts through crash recovery). The worker rides it
+    out on its pool. Every commit the driver waited for survives even the crash; a claim or a
+    renewal it sent with a relaxed commit may be gone, and costs only a delivery. Every job is
+    done in the end."""
+    url = private_postgres.url
+    strike = private_postgres.restart if fault == "restart" else private_postgres.crash
     assert url is not None
-    assert restart is not None
+    assert strike is not None
+    if fault == "crash":  # the test cluster relaxes every commit: a crash is told with real ones
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as admin:
+            await admin.execute("alter database postgres set synchronous_commit = on")
     await install(url)
 
-    async def restart_mid_run() -> None:
+    async def strike_mid_run() -> None:
         while len(SLOW_RUNS) < 60:
             await asyncio.sleep(0.01)
-        await asyncio.to_thread(restart)
-        assert len(SLOW_RUNS) < 400  # the restart landed mid-run
+        await asyncio.to_thread(strike)
+        assert len(SLOW_RUNS) < 400  # it landed mid-run
 
-    await loses_nothing(url, pg_restart_tick, SLOW_RUNS, 400, restart_mid_run)
-
-
-CRASH_RUNS: Counter[int] = Counter()
-pg_crash_tick = counting_tick("pg-crash", CRASH_RUNS, 0.05)  # the crash lands mid-run
-
-
-async def test_a_worker_loses_nothing_across_a_server_crash(private_postgres: Found) -> None:
-    """The server stops at once mid-run, as a crash would (an immediate shutdown: the WAL not
-    yet written is gone, and it starts again through crash recovery). Every commit the driver
-    waited for survives it; a claim, renewal or progress write it sent with a relaxed commit
-    may be gone, and costs only a delivery: every job is still done in the end."""
-    url, crash = private_postgres.url, private_postgres.crash
-    assert url is not None
-    assert crash is not None
-    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as admin:
-        # The test cluster relaxes every commit; what a crash keeps is told with real commits.
-        await admin.execute("alter database postgres set synchronous_commit = on")
-    await install(url)
-
-    async def crash_mid_run() -> None:
-        while len(CRASH_RUNS) < 60:
-            await asyncio.sleep(0.01)
-        await asyncio.to_thread(crash)
-        assert len(CRASH_RUNS) < 400  # the crash landed mid-run
-
-    await loses_nothing(url, pg_crash_tick, CRASH_RUNS, 400, crash_mid_run)
+    await loses_nothing(url, pg_restart_tick, SLOW_RUNS, 400, strike_mid_run)
 
 
 async def loses_nothing(

@@ -22,6 +22,7 @@ from ultimat3.jobs.core import (
     LEASE_LAPSED_FINAL_ATTEMPT,
     SYSTEM_CLOCK,
     EnqueueRequest,
+    JobRow,
     JobState,
     new_id,
 )
@@ -113,6 +114,20 @@ def row(name: str, queue: str, n: int, max_attempts: int = 2) -> EnqueueRequest:
     )
 
 
+async def until_state(admin: PostgresJobDriver, job_id: str, state: JobState) -> JobRow:
+    """The row of ``job_id`` once it is in ``state``."""
+
+    async def poll() -> JobRow:
+        while True:
+            detail = await admin.introspect.get(job_id)
+            assert detail is not None
+            if detail.row.state is state:
+                return detail.row
+            await asyncio.sleep(0.05)
+
+    return await asyncio.wait_for(poll(), PATIENCE_S)
+
+
 def kill(process: subprocess.Popen[bytes]) -> None:
     os.kill(process.pid, signal.SIGKILL)
     process.wait()
@@ -137,16 +152,8 @@ async def test_a_job_whose_worker_was_killed_is_delivered_again_then_buried_dead
 
     workers.start()
 
-    async def buried() -> None:
-        while True:
-            detail = await admin.introspect.get(queued.id)
-            assert detail is not None
-            if detail.row.state is JobState.DEAD:
-                assert detail.row.last_error == LEASE_LAPSED_FINAL_ATTEMPT
-                return
-            await asyncio.sleep(0.05)
-
-    await asyncio.wait_for(buried(), PATIENCE_S)
+    buried = await until_state(admin, queued.id, JobState.DEAD)
+    assert buried.last_error == LEASE_LAPSED_FINAL_ATTEMPT
     assert len(workers.lines()) == 2
 
 
@@ -185,15 +192,7 @@ async def test_a_stalled_worker_that_wakes_after_its_lease_lapsed_changes_nothin
     try:
         workers.start()
 
-        async def done_by_another() -> None:
-            while True:
-                detail = await admin.introspect.get(queued.id)
-                assert detail is not None
-                if detail.row.state is JobState.DONE:
-                    return
-                await asyncio.sleep(0.05)
-
-        await asyncio.wait_for(done_by_another(), PATIENCE_S)
+        await until_state(admin, queued.id, JobState.DONE)  # run by the other worker
     finally:
         os.kill(stalled.pid, signal.SIGCONT)
     lines = workers.lines()
