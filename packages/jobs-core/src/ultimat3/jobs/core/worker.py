@@ -49,7 +49,6 @@ from __future__ import annotations
 import asyncio
 import heapq
 import inspect
-import itertools
 import logging
 import os
 import socket
@@ -65,7 +64,6 @@ from .constants import (
     DEFAULT_QUEUE,
     DEFAULT_VISIBILITY_TIMEOUT_S,
     JOBS_CONCURRENCY_DEFAULT,
-    MAX_WORKER_IN_FLIGHT,
     POLL_INTERVAL_S,
     RESUME_TIMER_WINDOW_S,
     UNDECLARED_GRACE_S,
@@ -989,10 +987,7 @@ class JobWorker:
             started_at=self._started_at,
             queues=list(self._slots),
             slots=dict(self._slots),
-            in_flight=[
-                run.claimed.id
-                for run in itertools.islice(self._runs.values(), MAX_WORKER_IN_FLIGHT)
-            ],
+            in_flight=[run.claimed.id for run in self._runs.values()],  # WorkerInfo bounds it
             last_heartbeat=self._clock.now(),
         )
 
