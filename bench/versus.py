@@ -5,9 +5,11 @@
 
 A machine whose speed drifts by a third within minutes (a shared host) makes a ratio of two
 figures taken minutes apart mean little. Here each round runs the peer harness
-(``../shared/bench/peers``, or ``--peers DIR``; its libraries installed in the virtualenv of
-``--peer-python``) and then our benchmark, each in its own process, the order swapped every
-round; a ratio is taken within each round, and the table gives their median and spread.
+(``../shared/bench/peers``, or ``--peers DIR``) twice, each in its own process: on the peer (its
+libraries installed in the virtualenv of ``--peer-python``) and on us (``peer_ujobs.py``, this
+workspace's adapter of the same harness, so both sides are measured by one method), the order
+swapped every round; a ratio is taken within each round, and the table gives their median and
+spread.
 
 Each side measures single enqueue, batched enqueue and the drain at concurrency 100
 (``BENCH_REPS`` runs a round, default 1; ``--rounds``, default 4). The servers are ours:
@@ -40,11 +42,11 @@ PEER = {
 """Per backend: the peer's name, its harness script, its result file and its environment."""
 
 FIGURES = (
-    ("single enqueue", ("enqueue_single", "rate"), ("enqueue_single", "rate", "median")),
-    ("batched enqueue", ("enqueue_batch", "rate"), ("enqueue_batch", "rate", "median")),
-    ("drain, c=100", ("drain", "100"), ("drain", "100", "rate", "median")),
+    ("single enqueue", ("enqueue_single", "rate", "median")),
+    ("batched enqueue", ("enqueue_batch", "rate", "median")),
+    ("drain, c=100", ("drain", "100", "rate", "median")),
 )
-"""What a round compares: a name, where our JSON holds it, where the peer's holds it."""
+"""What a round compares: a name, and where the harness's result file holds it."""
 
 
 def server_environment() -> dict[str, str]:
@@ -73,27 +75,27 @@ def quietly(command: list[str], env: dict[str, str], cwd: Path | None = None) ->
         raise SystemExit(f"{' '.join(command)} failed ({done.returncode})")
 
 
-def run_peer(backend: str, python: str, peers: Path, out: Path) -> dict[str, Any]:
-    _, script, result, extra = PEER[backend]
+def run_harness(
+    python: str, script: Path | str, result: str, extra: dict[str, str], peers: Path, out: Path
+) -> dict[str, Any]:
+    """One side of a round: the harness's single enqueue and drain (whose filling is the batched
+    enqueue) at concurrency 100, and the result file it wrote."""
     env = {**os.environ, **server_environment(), **extra, "BENCH_RESULTS_DIR": str(out)}
     env.setdefault("BENCH_REPS", "1")
-    quietly([python, script, "--only", "single,drain", "--conc", "100"], env, cwd=peers)
+    quietly([python, str(script), "--only", "single,drain", "--conc", "100"], env, cwd=peers)
     loaded: dict[str, Any] = json.loads((out / f"{result}.json").read_text())
     return loaded
 
 
-def run_ours(backend: str, out: Path) -> dict[str, Any]:
-    path = out / "ours.json"
-    env = {
-        **os.environ,
-        "BENCH_ONLY": "single,batch,drain",
-        "BENCH_CONCURRENCY": "100",
-        "BENCH_JSON": str(path),
-    }
-    env.setdefault("BENCH_REPS", "1")
-    quietly([sys.executable, str(HERE / f"{backend}_bench.py")], env)
-    loaded: dict[str, Any] = json.loads(path.read_text())
-    return loaded
+def run_peer(backend: str, python: str, peers: Path, out: Path) -> dict[str, Any]:
+    _, script, result, extra = PEER[backend]
+    return run_harness(python, script, result, extra, peers, out)
+
+
+def run_ours(backend: str, peers: Path, out: Path) -> dict[str, Any]:
+    extra = {"UJOBS_BACKEND": backend, "BENCH_PEERS": str(peers)}
+    script = HERE / "peer_ujobs.py"
+    return run_harness(sys.executable, script, f"ultimat3-jobs-{backend}", extra, peers, out)
 
 
 def figure(result: dict[str, Any], path: tuple[str, ...]) -> float:
@@ -111,20 +113,20 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=4)
     args = parser.parse_args()
     name = PEER[args.backend][0]
-    ratios: dict[str, list[float]] = {label: [] for label, _, _ in FIGURES}
+    ratios: dict[str, list[float]] = {label: [] for label, _ in FIGURES}
     with tempfile.TemporaryDirectory(prefix="ujobs-versus-") as scratch:
         for round_ in range(args.rounds):
             out = Path(scratch) / f"round-{round_}"
             out.mkdir()
             if round_ % 2:
-                ours = run_ours(args.backend, out)
+                ours = run_ours(args.backend, args.peers, out)
                 theirs = run_peer(args.backend, args.peer_python, args.peers, out)
             else:
                 theirs = run_peer(args.backend, args.peer_python, args.peers, out)
-                ours = run_ours(args.backend, out)
+                ours = run_ours(args.backend, args.peers, out)
             cells = []
-            for label, our_path, their_path in FIGURES:
-                mine, peer = figure(ours, our_path), figure(theirs, their_path)
+            for label, path in FIGURES:
+                mine, peer = figure(ours, path), figure(theirs, path)
                 ratios[label].append(mine / peer)
                 cells.append(f"{label} {mine:,.0f} vs {peer:,.0f} ({mine / peer:.2f}x)")
             print(f"round {round_ + 1}: " + "; ".join(cells), flush=True)
