@@ -633,6 +633,45 @@ async def test_stats_count_how_each_attempt_ended(
     assert (worker.stats.completed, worker.stats.dead, worker.stats.suspended) == (1, 1, 1)
 
 
+async def test_a_running_worker_folds_the_counters_once_a_minute(
+    driver: MemoryJobDriver, clock: FrozenClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    start = clock.now()
+    rollups: list[float] = []
+
+    async def rollup() -> None:
+        rollups.append((clock.now() - start).total_seconds())
+
+    monkeypatch.setattr(driver.introspect, "rollup_counters", rollup)
+    async with job_worker(driver=driver, context=lambda: None, queues=["idle"], clock=clock):
+        await run_clock(clock, 150)
+    # The idle loop passes every two seconds: each rollup comes with the first pass past its minute.
+    assert len(rollups) == 2
+    assert 60 <= rollups[0] < 62
+    assert 60 <= rollups[1] - rollups[0] < 62
+
+
+async def test_a_failing_rollup_is_logged_and_the_worker_goes_on(
+    driver: MemoryJobDriver, clock: FrozenClock, monkeypatch: pytest.MonkeyPatch, caplog: Any
+) -> None:
+    async def rollup() -> None:
+        raise RuntimeError("counters unreachable")
+
+    monkeypatch.setattr(driver.introspect, "rollup_counters", rollup)
+    ran: list[int] = []
+
+    async def body(*, input: Item) -> None:
+        ran.append(input.n)
+
+    handle = item_job(body)
+    with caplog.at_level(logging.WARNING, logger="ultimat3.jobs"):
+        async with job_worker(driver=driver, context=lambda: None, jobs=[handle], clock=clock):
+            await run_clock(clock, 65)
+            await handle.enqueue(Item(1))
+            await until(lambda: ran == [1])
+    assert [r.getMessage() for r in caplog.records if "rollup-failed" in r.getMessage()]
+
+
 async def test_the_worker_is_listed_with_its_queues_slots_and_jobs_in_flight(
     driver: MemoryJobDriver, clock: FrozenClock
 ) -> None:

@@ -24,6 +24,7 @@ __all__ = [
     "POLL_INTERVAL_S",
     "PROGRESS_INTERVAL_S",
     "RESUME_TIMER_WINDOW_S",
+    "ROLLUP_INTERVAL_S",
     "UNDECLARED_GRACE_S",
     "UNDECLARED_RETRY_S",
     "WAKE_DUE_WITHIN_S",
@@ -69,6 +70,10 @@ MAX_TASK_FIRES = 1_000
 
 MAX_CATCH_UP = 10
 PAUSE_RECHECK_S = 5.0
+ROLLUP_INTERVAL_S = 60.0
+"""How often the scheduler leader, and every running worker, fold the per-job counters into their
+tiers (``rollup_counters``): the counters stay within ``COUNTER_TIERS``' bound whichever roles a
+deployment runs."""
 
 WAKE_SLOT_S = 0.25
 """The wake's throttle: a row stays silent while an earlier row of its queue from the same slot of

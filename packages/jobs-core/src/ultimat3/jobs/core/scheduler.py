@@ -38,7 +38,7 @@ from types import TracebackType
 from typing import Literal
 
 from .clock import Clock
-from .constants import PAUSE_RECHECK_S
+from .constants import PAUSE_RECHECK_S, ROLLUP_INTERVAL_S
 from .cron import instant_of, latest_occurrence, next_occurrence, occurrence_ms
 from .durations import Duration
 from .errors import InvariantError
@@ -64,8 +64,6 @@ __all__ = ["LEADER_RENEW_S", "ROLLUP_INTERVAL_S", "JobScheduler", "job_scheduler
 LEADER_RENEW_S = 10.0
 """How often a scheduler asks a leader that states no ``ttl`` (not a ``LeaseLeader``), such as the
 always-leader default. A ``LeaseLeader`` is asked every third of its ``ttl`` instead."""
-ROLLUP_INTERVAL_S = 60.0
-
 
 _ROLLUP_INTERVAL = timedelta(seconds=ROLLUP_INTERVAL_S)
 

@@ -24,6 +24,11 @@ visibility timeout). A renewal that fails is a warning while the window has room
 none landing is ``jobs.lease.lost`` plus ``job_leases_lost_total``, and the run is aborted with
 ``X_JOB_LEASE_LOST`` because the queue may already have handed it to another worker.
 
+Once a minute (``ROLLUP_INTERVAL_S``) a running worker folds the per-job counters into their tiers
+(``introspect.rollup_counters()``, idempotent, reading only the buckets due), as the scheduler
+leader does: the counters stay within ``COUNTER_TIERS``' bound in a deployment that runs no
+scheduler, instead of gaining a minute bucket per job name for every minute something settled.
+
 A claimed row of a job the worker's process does not declare, enqueued less than
 ``undeclared_grace`` ago (``UNDECLARED_GRACE_S`` unless the worker names its own), is handed back
 uncounted for ``UNDECLARED_RETRY_S``: during a rolling deploy it is the new code's, and the
@@ -66,6 +71,7 @@ from .constants import (
     JOBS_CONCURRENCY_DEFAULT,
     POLL_INTERVAL_S,
     RESUME_TIMER_WINDOW_S,
+    ROLLUP_INTERVAL_S,
     UNDECLARED_GRACE_S,
     UNDECLARED_RETRY_S,
 )
@@ -96,7 +102,7 @@ from .limits import LimitConfig, ProcessLimits
 from .logs import log_event
 from .metrics import JobMetrics, job_metrics
 from .model import ClaimedJob, ExhaustedJob, JobState, NackOptions, WorkerInfo
-from .protocol import ClaimBatch, EventBus, JobDriver, QueueWake
+from .protocol import ClaimBatch, EventBus, JobDriver, JobIntrospection, QueueWake
 from .registry import job_named, registered_jobs
 from .renewal import Renewal, RenewalLoop
 from .signal import AbortController
@@ -129,6 +135,7 @@ class WorkerStats:
 
 
 _UNDECLARED_RETRY = timedelta(seconds=UNDECLARED_RETRY_S)
+_ROLLUP_EVERY = timedelta(seconds=ROLLUP_INTERVAL_S)
 
 _STAT_OF_OUTCOME: dict[str, str] = {
     "completed": "completed",
@@ -368,6 +375,9 @@ class JobWorker:
         self._winding: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
         self._started_at: datetime | None = None
+        self._next_rollup: datetime | None = None
+        """When the worker next folds the counters: a minute after it started, then every
+        minute while it claims."""
         self._unsubscribe: list[Callable[[], None]] = []
 
     def __repr__(self) -> str:
@@ -400,6 +410,7 @@ class JobWorker:
         self._loop = asyncio.get_running_loop()
         self._state, self._accepting = "running", True
         self._started_at = self._clock.now()
+        self._next_rollup = self._started_at + _ROLLUP_EVERY
         self._unsubscribe.append(on_enqueued(self._on_enqueued))
         if self._wake is not None:
             self._unsubscribe.append(self._wake.subscribe(self._on_enqueued))
@@ -591,6 +602,7 @@ class JobWorker:
             wait: float | None
             try:
                 self._flush_tally()
+                self._fold_counters()
                 taken_ahead = await self._take_ahead()
                 if taken_ahead is not None:
                     asked, began, taken = taken_ahead
@@ -625,6 +637,25 @@ class JobWorker:
             if await self._wakeup.wait(self._clock, wait):
                 idle_wait = self._poll
         await self._take_ahead()  # its rows go back: claimed as the drain began
+
+    def _fold_counters(self) -> None:
+        """Start the counters' rollup in the background when a minute has passed since the last
+        one (or the clock went back past it)."""
+        introspect = self._driver.introspect
+        due = self._next_rollup
+        if introspect is None or due is None:
+            return
+        now = self._clock.now()
+        if due - _ROLLUP_EVERY <= now < due:
+            return
+        self._next_rollup = now + _ROLLUP_EVERY
+        self._spawn(self._rollup(introspect))
+
+    async def _rollup(self, introspect: JobIntrospection) -> None:
+        try:
+            await introspect.rollup_counters()
+        except Exception as exc:
+            log_event(logging.WARNING, "jobs.worker.rollup-failed", worker=self.id, error=repr(exc))
 
     def _flush_tally(self) -> None:
         tally, self._tally = self._tally, {}
