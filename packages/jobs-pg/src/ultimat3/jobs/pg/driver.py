@@ -172,7 +172,12 @@ class PostgresJobDriver:
     # -- enqueue ----------------------------------------------------------------------------
 
     async def enqueue(self, request: EnqueueRequest) -> Enqueued:
-        return (await self.enqueue_many((request,)))[0]
+        """A lone request goes straight to its own statement, without a batch's bookkeeping."""
+        for _ in range(_ENQUEUE_RETRIES):
+            answer = await self._enqueue_one(request, self._clock.now())
+            if answer is not None:
+                return answer
+        raise _kept_colliding(1)
 
     async def enqueue_many(self, requests: Sequence[EnqueueRequest]) -> builtins.list[Enqueued]:
         answers: list[Enqueued | None] = [None] * len(requests)
@@ -198,13 +203,14 @@ class PostgresJobDriver:
         for _ in range(_ENQUEUE_RETRIES):
             batch = [requests[i] for i in todo]
             now = self._clock.now()
+            told: list[Enqueued | None]
             if len(batch) == 1:
-                refused = await self._enqueue_one(batch[0], now)
+                told = [await self._enqueue_one(batch[0], now)]
             else:
                 rows = await self._executor.fetch(SQL_ENQUEUE, enqueue_params(batch, now))
-                refused = [row[1:] for row in rows if row[1] is not None]
+                told = enqueue_answers(batch, [row[1:] for row in rows if row[1] is not None])
             unanswered = []
-            for position, answer in zip(todo, enqueue_answers(batch, refused), strict=True):
+            for position, answer in zip(todo, told, strict=True):
                 if answer is None:
                     unanswered.append(position)
                 else:
@@ -212,16 +218,13 @@ class PostgresJobDriver:
             if not unanswered:
                 return
             todo = unanswered
-        raise InvariantError(
-            f"enqueue of {len(todo)} job(s) kept colliding with rows committed concurrently; "
-            "retry the enqueue"
-        )
+        raise _kept_colliding(len(todo))
 
-    async def _enqueue_one(self, request: EnqueueRequest, now: datetime) -> list[tuple[Any, ...]]:
-        """A lone request, answered as SQL_ENQUEUE answers it: no row when it inserted, else
-        ``(1, id, run_id)`` of the row it met (both None when that one is gone: ask again)."""
+    async def _enqueue_one(self, request: EnqueueRequest, now: datetime) -> Enqueued | None:
+        """A lone request, answered as SQL_ENQUEUE answers it: its own row when it inserted,
+        else the row it met — or None when that one is gone by the time it looked (ask again)."""
         if await self._executor.fetch(SQL_ENQUEUE_ONE, enqueue_one_params(request, now)):
-            return []
+            return Enqueued(request.id, request.run_id)
         held = await self._executor.fetch(
             SQL_ENQUEUE_HELD,
             {
@@ -232,7 +235,7 @@ class PostgresJobDriver:
             },
             idempotent=True,
         )
-        return [(1, *held[0])] if held else [(1, None, None)]
+        return Enqueued(held[0][0], held[0][1], deduped=True) if held else None
 
     async def _copied(self, batch: Sequence[EnqueueRequest]) -> bool:
         """Whether ``batch`` went in by COPY, each request inserting its own row. False when one
@@ -530,6 +533,13 @@ def _batch(
     exhausted = [exhausted_job(row) for row in rows if row[0] != "running"]
     decode = partial(claimed_jobs, worker_id=worker_id, lease_until=lease_until)
     return ClaimBatch(jobs=ClaimedOnRead(taken, decode), exhausted=exhausted)
+
+
+def _kept_colliding(count: int) -> InvariantError:
+    return InvariantError(
+        f"enqueue of {count} job(s) kept colliding with rows committed concurrently; "
+        "retry the enqueue"
+    )
 
 
 def _rounds(requests: Sequence[EnqueueRequest], positions: range) -> list[list[int]]:
