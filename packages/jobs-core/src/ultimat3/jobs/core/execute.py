@@ -87,7 +87,7 @@ __all__ = [
 ]
 
 
-@dataclass
+@dataclass(slots=True)
 class JobExecution:
     """What one attempt did. ``settled`` is False when the settle matched nothing (the claim had
     lapsed or the row was cancelled) — then nothing was written and nobody was told."""
@@ -447,7 +447,8 @@ async def _run_body(
     # Inline, an abort cancels this task. A body of its own is cancelled by _within_deadline, so
     # here a cancellation of this task always came from outside.
     inline = expiry is None
-    stop_listening = run_signal.add_listener(cancel_body) if inline else None
+    if inline:
+        run_signal.add_listener(cancel_body)
     try:
         with use_actor(attempt.actor):
             if inline:
@@ -468,8 +469,8 @@ async def _run_body(
             return _aborted_ending(run_signal)
         return _Ending("failed", error=exc)
     finally:
-        if stop_listening is not None:
-            stop_listening()
+        if inline:
+            run_signal.remove_listener(cancel_body)
         if expiry is not None:
             expiry.cancel()
     if run_signal.aborted:

@@ -18,10 +18,13 @@ __all__ = ["AbortController", "AbortSignal", "any_signal"]
 
 
 class AbortSignal:
+    __slots__ = ("_listeners", "_reason", "_waiters")
+
     def __init__(self) -> None:
         self._reason: BaseException | None = None
         self._listeners: list[Callable[[BaseException], None]] = []
-        self._waiters: list[asyncio.Future[BaseException]] = []
+        self._waiters: list[asyncio.Future[BaseException]] | None = None
+        """Made by the first ``wait()``: most signals (one per run) are never awaited."""
 
     @property
     def aborted(self) -> bool:
@@ -41,18 +44,20 @@ class AbortSignal:
             listener(self._reason)
             return lambda: None
         self._listeners.append(listener)
+        return lambda: self.remove_listener(listener)
 
-        def remove() -> None:
-            if listener in self._listeners:
-                self._listeners.remove(listener)
-
-        return remove
+    def remove_listener(self, listener: Callable[[BaseException], None]) -> None:
+        """Forget ``listener`` (nothing happens if it was never added, or already called)."""
+        if listener in self._listeners:
+            self._listeners.remove(listener)
 
     async def wait(self) -> BaseException:
         """Park until the signal fires; answers the reason."""
         if self._reason is not None:
             return self._reason
         future: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
+        if self._waiters is None:
+            self._waiters = []
         self._waiters.append(future)
         try:
             return await future
@@ -70,7 +75,7 @@ class AbortSignal:
         listeners, self._listeners = self._listeners, []
         for listener in listeners:
             listener(reason)
-        for waiter in self._waiters:
+        for waiter in self._waiters or ():
             if not waiter.done():
                 waiter.set_result(reason)
 
@@ -79,6 +84,8 @@ class AbortSignal:
 
 
 class AbortController:
+    __slots__ = ("signal",)
+
     def __init__(self) -> None:
         self.signal = AbortSignal()
 
