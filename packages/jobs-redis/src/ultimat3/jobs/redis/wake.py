@@ -125,7 +125,8 @@ class RedisQueueWake:
     async def _run(self) -> None:
         redial = Backoff(_REDIAL_FIRST_S, _REDIAL_MAX_S)
         while True:
-            pubsub = self._subscriber.pubsub()
+            # Any: redis-py types PubSub.aclose in some releases and not in others.
+            pubsub: Any = self._subscriber.pubsub()
             try:
                 await pubsub.subscribe(self._channel)
                 await self._listen(pubsub, redial)
@@ -155,7 +156,7 @@ class RedisQueueWake:
                 await asyncio.sleep(retry_in)
             finally:
                 with contextlib.suppress(Exception):
-                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+                    await pubsub.aclose()
 
     async def _listen(self, pubsub: Any, redial: Backoff) -> None:
         """Deliver, probing as it goes; a proof starts ``redial`` over. Returns only by raising."""

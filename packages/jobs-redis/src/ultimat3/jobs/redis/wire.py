@@ -26,8 +26,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Awaitable, Sequence
+from typing import Any, cast
 
 from redis.asyncio import Redis
 from redis.asyncio.connection import AbstractConnection
@@ -50,6 +50,12 @@ def pack(args: Sequence[str]) -> bytes:
         size = len(arg) if arg.isascii() else len(arg.encode())
         out.append(f"${size}\r\n{arg}\r\n")
     return "".join(out).encode()
+
+
+def _connect(connection: Any) -> Awaitable[None]:
+    """``connection.connect()``, which redis-py leaves untyped in some releases and types in
+    others: called through ``Any``, it type-checks against both."""
+    return cast(Awaitable[None], connection.connect())
 
 
 class Wire:
@@ -173,7 +179,7 @@ class Wire:
             if not self._connection.is_connected:
                 try:
                     async with asyncio.timeout(self._timeout):
-                        await self._connection.connect()  # type: ignore[no-untyped-call]
+                        await _connect(self._connection)
                 except (TimeoutError, RedisTimeoutError) as exc:
                     await self._connection.disconnect(nowait=True)
                     raise ConnectionError(
