@@ -7,7 +7,9 @@
     python3 dev.py bench       the benchmarks in bench/ (needs Postgres and Redis)
 
 Each creates ./.venv on first use and installs the workspace into it (editable), re-installing
-only when a pyproject.toml changes. Extra arguments go to the underlying tool.
+only when a pyproject.toml or constraints-dev.txt changes. The development tools and client
+libraries are held to the versions in constraints-dev.txt, the ones the checks last passed with;
+UJOBS_NEWEST=1 installs the newest releases instead. Extra arguments go to the underlying tool.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
 BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
 PYTHON = BIN / ("python.exe" if os.name == "nt" else "python")
+CONSTRAINTS = ROOT / "constraints-dev.txt"
 
 CORE = ["-e", f"{ROOT / 'packages/jobs-core'}[cron,pydantic]"]
 WORKSPACE = [
@@ -44,11 +47,22 @@ def _dev_group() -> list[str]:
         return list(tomllib.load(handle)["dependency-groups"]["dev"])
 
 
+def _constraints() -> list[str]:
+    """pip's arguments holding the install to constraints-dev.txt, unless UJOBS_NEWEST is set."""
+    if os.environ.get("UJOBS_NEWEST") or not CONSTRAINTS.exists():
+        return []
+    return ["--constraint", str(CONSTRAINTS)]
+
+
 def _fingerprint(profile: str) -> str:
     digest = hashlib.sha256(profile.encode())
     for path in sorted(ROOT.glob("**/pyproject.toml")):
         if ".venv" not in path.parts:
             digest.update(path.read_bytes())
+    if _constraints():
+        digest.update(CONSTRAINTS.read_bytes())
+    else:
+        digest.update(b"newest")
     return digest.hexdigest()
 
 
@@ -74,7 +88,16 @@ def ensure(profile: str) -> None:
     print(f"dev.py: installing the workspace ({profile}) into .venv", flush=True)
     packages = CORE if profile == "core" else [*WORKSPACE, *_dev_group()]
     subprocess.run(
-        [str(PYTHON), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *packages],
+        [
+            str(PYTHON),
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            *_constraints(),
+            *packages,
+        ],
         check=True,
     )
     (VENV / f".installed-{profile}").write_text(_fingerprint(profile))
