@@ -25,6 +25,7 @@ __all__ = [
     "PROGRESS_INTERVAL_S",
     "RESUME_TIMER_WINDOW_S",
     "ROLLUP_INTERVAL_S",
+    "TIMEOUT_GRACE_S",
     "UNDECLARED_GRACE_S",
     "UNDECLARED_RETRY_S",
     "WAKE_DUE_WITHIN_S",
@@ -71,6 +72,10 @@ MAX_TASK_FIRES = 1_000
 MAX_CATCH_UP = 10
 PAUSE_RECHECK_S = 5.0
 ROLLUP_INTERVAL_S = 60.0
+TIMEOUT_GRACE_S = 1.0
+"""How long work past its deadline (an attempt's timeout, a step's step_timeout) is given to end
+once cancelled, before it is left behind and logged as ``jobs.timeout.abandoned`` when it ends:
+real seconds, as the work is unwinding and reads no clock meanwhile."""
 """How often the scheduler leader, and every running worker, fold the per-job counters into their
 tiers (``rollup_counters``): the counters stay within ``COUNTER_TIERS``' bound whichever roles a
 deployment runs."""

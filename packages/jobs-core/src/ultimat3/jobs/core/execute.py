@@ -32,7 +32,7 @@ from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from .clock import Clock
-from .constants import ON_SETTLED_ATTEMPTS, PROGRESS_INTERVAL_S
+from .constants import ON_SETTLED_ATTEMPTS, PROGRESS_INTERVAL_S, TIMEOUT_GRACE_S
 from .context import JobContext, JobOutcome, Settled, SettledOutcome, StopReason
 from .errors import (
     JobAbortedError,
@@ -484,11 +484,6 @@ async def _run_body(
     return _Ending("completed", result=result)
 
 
-_UNWIND_S = 1.0
-"""How long an attempt past its deadline waits for its cancelled body to unwind before it hands
-the job back without it (real seconds: the body is unwinding, no clock is read meanwhile)."""
-
-
 async def _within_deadline(
     body: Coroutine[Any, Any, Any], run_signal: AbortSignal, job: str, job_id: str
 ) -> Any:
@@ -496,10 +491,11 @@ async def _within_deadline(
     cancelled raises the abort's reason, so a CancelledError out of here is the caller's own.
 
     A timeout fails the attempt at its deadline, which makes the job claimable again: a body that
-    ignores the cancel is given ``_UNWIND_S`` and then left behind, its step writes refused with
-    ``X_ABORTED``, and logged as ``jobs.timeout.abandoned`` when it does finish. (Waiting for it,
-    a body that never returns held its row, its lease and its slot for ever.) Any other abort —
-    a drain, a lost lease — waits for the body, as an inline one does.
+    ignores the cancel is given ``TIMEOUT_GRACE_S`` and then left behind, its step writes refused
+    with ``X_ABORTED``, and logged as ``jobs.timeout.abandoned`` when it does finish. (Waiting
+    for it, a body that never returns held its row, its lease and its slot for ever.) Any other
+    abort — a drain, a lost lease — waits for the body, as an inline one does. A sync body ignores
+    every cancel (``threads.in_thread``), so past a timeout it is always the one left behind.
     """
     task = asyncio.ensure_future(body)
     aborted = asyncio.get_running_loop().create_future()
@@ -514,7 +510,7 @@ async def _within_deadline(
         await asyncio.wait((task, aborted), return_when=asyncio.FIRST_COMPLETED)
         if not task.done():
             timed_out = isinstance(run_signal.reason, JobTimeoutError)
-            await asyncio.wait((task,), timeout=_UNWIND_S if timed_out else None)
+            await asyncio.wait((task,), timeout=TIMEOUT_GRACE_S if timed_out else None)
     except asyncio.CancelledError:  # the worker itself is going: the body goes with it
         task.cancel()
         raise

@@ -7,7 +7,6 @@ at runtime (``X_IDEMPOTENCY_REQUIRED``, ``X_JOB_TENANT_REQUIRED``) for generated
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import math
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
@@ -37,6 +36,7 @@ from .ids import new_id
 from .model import Enqueued, EnqueueRequest
 from .retry import Retry
 from .tenancy import Actor
+from .threads import in_thread
 
 if TYPE_CHECKING:
     from .steps import Step
@@ -392,7 +392,7 @@ class JobHandle(registry.Declared, Generic[InputT, ResultT]):
         if self._body_is_async:
             returned: ResultT = await self.body(**kwargs)
             return returned
-        result = await asyncio.to_thread(self.body, **kwargs)
+        result = await in_thread(self.body, **kwargs)
         if inspect.isawaitable(result):
             result = await result
         return cast(ResultT, result)

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any, TypeAlias
 
 from .clock import Clock
+from .constants import TIMEOUT_GRACE_S
 from .durations import Duration, parse_duration
 from .errors import (
     EventWaitTimeoutError,
@@ -27,9 +30,11 @@ from .errors import (
     StepOutputInvalidError,
 )
 from .jsonvalue import json_roundtrip
+from .logs import log_event
 from .model import JsonValue, StepKind, StepRecord
 from .protocol import EventBus
 from .signal import AbortController, AbortSignal
+from .threads import in_thread, outlast
 
 __all__ = ["Step", "StepStore", "StepSuspension"]
 
@@ -199,25 +204,35 @@ class Step:
             work = _call_sync(fn, args)
         if self._step_timeout is None:
             return await work
-        # The ceiling runs on the job's clock beside the step. Whatever ends the wait — the step,
-        # the ceiling, or the body being cancelled (a deadline, a drain) — the step's own work is
-        # cancelled with it: nothing of it may go on after the attempt handed its row back.
+        # The ceiling runs on the job's clock beside the step. The body being cancelled (a
+        # deadline, a drain) cancels the step's work and waits for it to end before unwinding:
+        # nothing of it may go on after the attempt handed its row back (a sync step is a thread
+        # nothing can stop, waited for as a body that ignores its signal).
         task = asyncio.ensure_future(work)
         ceiling = asyncio.ensure_future(self._clock.sleep(self._step_timeout))
         try:
             await asyncio.wait((task, ceiling), return_when=asyncio.FIRST_COMPLETED)
-        finally:
+        except asyncio.CancelledError:
             ceiling.cancel()
-            if not task.done():
-                task.cancel()
-        if task.cancelled() or not task.done():
-            reason = JobTimeoutError(
-                f"step {name!r} exceeded its step_timeout of {self._step_timeout}s",
-                meta={"step": name},
-            )
-            controller.abort(reason)
-            raise reason
-        return task.result()
+            task.cancel()
+            await outlast(task)
+            raise
+        ceiling.cancel()
+        if task.done() and not task.cancelled():
+            return task.result()
+        reason = JobTimeoutError(
+            f"step {name!r} exceeded its step_timeout of {self._step_timeout}s",
+            meta={"step": name},
+        )
+        controller.abort(reason)
+        # Past its ceiling the step's work is cancelled and given TIMEOUT_GRACE_S to end, as a
+        # body past its timeout is; one that outlives it (a sync step) is left behind, and
+        # logged when it does end.
+        task.cancel()
+        await asyncio.wait((task,), timeout=TIMEOUT_GRACE_S)
+        if not task.done():
+            task.add_done_callback(partial(_log_abandoned_step, name))
+        raise reason
 
     async def sleep(
         self, name_or_duration: str | Duration, duration: Duration | None = None
@@ -332,9 +347,15 @@ def _takes_argument(fn: Callable[..., Any]) -> bool:
 
 
 async def _call_sync(fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
-    """A sync callable runs in a thread; one that hands back an awaitable (``lambda: coro()``)
-    has that awaited on the loop."""
-    result = await asyncio.to_thread(fn, *args)
+    """A sync callable runs in a thread (awaited to its end, ``threads.in_thread``); one that
+    hands back an awaitable (``lambda: coro()``) has that awaited on the loop."""
+    result = await in_thread(fn, *args)
     if inspect.isawaitable(result):
         result = await result
     return result
+
+
+def _log_abandoned_step(name: str, task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()  # read: what a step left behind raises is nobody's to handle
+    log_event(logging.ERROR, "jobs.timeout.abandoned", step=name)
