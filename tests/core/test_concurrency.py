@@ -283,6 +283,33 @@ async def test_a_worker_serving_a_capped_job_refuses_to_start_without_a_lease_st
     assert raised.value.code == "X_JOB_CONCURRENCY_UNENFORCEABLE"
 
 
+async def test_a_capped_row_enqueued_on_another_queue_never_runs_uncapped_without_a_lease_store(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    ran: list[int] = []
+
+    async def capped(*, input: Sync) -> None:
+        ran.append(1)
+
+    handle = sync_job(capped, concurrency=1, queue="capped-home")
+    queued = await handle.enqueue(Sync("a", 0), queue="elsewhere")
+    # The worker serves a queue the declaration does not name, so its boot check passes.
+    worker = job_worker(
+        driver=NoLeases(driver),  # type: ignore[arg-type]
+        context=lambda: None,
+        queues=["elsewhere"],
+        jobs=[handle],
+        clock=clock,
+    )
+    async with worker:
+        await until(lambda: worker.stats.dead == 1)
+    assert ran == []
+    detail = await driver.introspect.get(queued.id)
+    assert detail is not None
+    assert detail.row.state is JobState.DEAD
+    assert "X_JOB_CONCURRENCY_UNENFORCEABLE" in (detail.row.last_error or "")
+
+
 async def test_a_resumed_run_takes_its_key_again_and_a_holder_meanwhile_refuses_it(
     driver: MemoryJobDriver, clock: FrozenClock
 ) -> None:

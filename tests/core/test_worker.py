@@ -871,6 +871,33 @@ async def test_rows_buried_by_the_claim_are_announced_and_dropped_names_are_pass
     assert worker.stats.dropped == 1
 
 
+async def test_a_dead_letter_false_job_enqueued_on_another_queue_is_buried_failed(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    told: list[str] = []
+
+    async def dies(*, input: Item) -> None:
+        return None
+
+    async def on_settled(settled: Any) -> None:
+        told.append(settled.outcome)
+
+    handle = item_job(
+        dies, retry=Retry(attempts=1, dead_letter=False), on_settled=on_settled, queue="home"
+    )
+    queued = await handle.enqueue(Item(1), queue="away")
+    await driver.claim(worker_id="gone", slots={"away": 1}, visibility_timeout=30)
+    clock.advance(31)
+    worker = job_worker(
+        driver=driver, context=lambda: None, queues=["away"], jobs=[handle], clock=clock
+    )
+    async with worker:
+        await until(lambda: told == ["dropped"])
+    detail = await driver.introspect.get(queued.id)
+    assert detail is not None
+    assert detail.row.state is JobState.FAILED
+
+
 async def test_a_worker_cannot_be_started_twice(
     driver: MemoryJobDriver, clock: FrozenClock
 ) -> None:

@@ -47,12 +47,16 @@ def require_lease_store(handles: Iterable[AnyJobHandle], leases: LeaseStore | No
         return
     capped = sorted(handle.name for handle in handles if handle.concurrency is not None)
     if capped:
-        raise ConcurrencyUnenforceableError(
-            f"{', '.join(capped)} declare(s) concurrency, but this driver has no lease store, so "
-            "no fleet-wide cap could be held; use a driver with leases (postgres, memory) or "
-            "remove the declaration",
-            meta={"jobs": capped},
-        )
+        raise _unenforceable(capped)
+
+
+def _unenforceable(capped: list[str]) -> ConcurrencyUnenforceableError:
+    return ConcurrencyUnenforceableError(
+        f"{', '.join(capped)} declare(s) concurrency, but this driver has no lease store, so "
+        "no fleet-wide cap could be held; use a driver with leases (postgres, memory) or "
+        "remove the declaration",
+        meta={"jobs": capped},
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,8 +88,12 @@ class FleetSlots:
         self._ttl = ttl
 
     async def take(self, handle: AnyJobHandle | None, claimed: ClaimedJob) -> SlotDecision:
-        if handle is None or handle.concurrency is None or self._leases is None:
+        if handle is None or handle.concurrency is None:
             return _RUN
+        if self._leases is None:
+            # A capped job the worker's boot check did not see (a row enqueued with queue= on a
+            # queue its declaration does not name): its cap cannot be held, so it does not run.
+            return SlotDecision("invalid", error=_unenforceable([handle.name]))
         try:
             value = handle.codec.parse(claimed.input)
             lease = handle.concurrency_lease(value)

@@ -91,6 +91,7 @@ class ClaimQueuesEmptyError(JobsError):
 
 class ConcurrencyUnenforceableError(JobsError):
     code = "X_JOB_CONCURRENCY_UNENFORCEABLE"
+    final_because = "a driver without a lease store holds no cap on any attempt"
 
 
 class CronUnavailableError(JobsError):

@@ -397,12 +397,16 @@ class JobWorker:
 
     async def start(self) -> None:
         """Begin claiming. ``X_JOB_CONCURRENCY_UNENFORCEABLE`` when a served job declares
-        ``concurrency`` and the driver has no lease store."""
+        ``concurrency`` and the driver has no lease store (a capped job's row enqueued onto a
+        served queue its declaration does not name fails its attempt with that code instead)."""
         if self._state != "new":
             raise InvariantError(f"worker {self.id} was already started; build a new one")
-        served = self._served()
+        routable = self._routable()
+        served = [handle for handle in routable if handle.queue in self._slots]
         require_lease_store(served, self._driver.leases)
-        self._drop_exhausted = frozenset(h.name for h in served if not h.retry.dead_letter)
+        # Every job the worker can route, not only those declared on its queues: a row enqueued
+        # with queue= runs here under its job's own retry policy.
+        self._drop_exhausted = frozenset(h.name for h in routable if not h.retry.dead_letter)
         named = {handle.queue for handle in served}
         for queue in self._slots:
             if queue not in named:
@@ -537,11 +541,12 @@ class JobWorker:
 
     # -- claiming ----------------------------------------------------------------------------
 
-    def _served(self) -> list[AnyJobHandle]:
+    def _routable(self) -> list[AnyJobHandle]:
+        """The jobs a claimed row can be routed to: the worker's own, then the registry's."""
         handles = dict(self._routes)
         for handle in registered_jobs():
             handles.setdefault(handle.name, handle)
-        return [handle for handle in handles.values() if handle.queue in self._slots]
+        return list(handles.values())
 
     def _route(self, name: str) -> AnyJobHandle | None:
         return self._routes.get(name) or job_named(name)
