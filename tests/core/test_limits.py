@@ -13,6 +13,7 @@ from support.eventually import run_clock, settle, until
 from support.jobs import declared
 
 from ultimat3.jobs.core import (
+    Concurrency,
     FrozenClock,
     InvariantError,
     JobFilter,
@@ -122,6 +123,48 @@ def test_a_spent_rate_hands_back_until_the_window_opens(clock: FrozenClock) -> N
     assert limits.hold("q", "globex") is None
     clock.advance(5)
     assert limits.hold("q", "acme") is None  # the first start left the window
+
+
+def test_a_run_that_never_started_gives_its_start_back_to_the_rate(clock: FrozenClock) -> None:
+    limits = ProcessLimits(LimitConfig(rate_per_tenant=RateLimit(1, "1m")), clock)
+    at = clock.now()
+    assert limits.hold("q", "acme", now=at) is None
+    limits.release("q", "acme", unstarted=at)  # handed back: its body never ran
+    assert limits.hold("q", "acme") is None
+    limits.release("q", "acme")  # this one ran: its start stays in the window
+    assert limits.hold("q", "acme") is not None
+
+
+async def test_rows_waiting_on_a_busy_key_do_not_spend_their_tenants_rate(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    held = Held()
+    handle = tenant_job(
+        held.run, concurrency=Concurrency(key=lambda i: i.org, limit=1, when_busy="wait")
+    )
+    ran: list[int] = []
+
+    async def other(*, input: Task) -> None:
+        ran.append(input.n)
+
+    free = tenant_job(other, name="limits-rate-free")
+    async with job_worker(
+        driver=driver,
+        context=lambda: None,
+        jobs=[handle, free],
+        limits=LimitConfig(rate_per_tenant=RateLimit(5, "1h")),
+        clock=clock,
+    ):
+        try:
+            for n in range(3):
+                await handle.enqueue(Task("acme", n))
+            await until(lambda: held.started == [("acme", 0)])
+            await run_clock(clock, 30)  # the two rows behind the key are handed back, repeatedly
+            await free.enqueue(Task("acme", 9))
+            await run_clock(clock, 1)
+            await until(lambda: ran == [9])
+        finally:
+            held.release.set()
 
 
 def test_a_claim_asks_for_no_more_than_the_queue_and_global_caps_allow(

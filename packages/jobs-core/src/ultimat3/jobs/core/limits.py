@@ -14,6 +14,7 @@ without burning an attempt, so one org's 50k-row import cannot starve everybody 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections import deque
 from collections.abc import Mapping
@@ -113,11 +114,14 @@ class ProcessLimits:
                 left -= take
         return shared
 
-    def hold(self, queue: str, tenant: str | None) -> datetime | None:
-        """Take a place for one run. None when taken; otherwise the instant to hand the run back
-        for (now for a full cap, the window's opening for a spent rate)."""
+    def hold(
+        self, queue: str, tenant: str | None, *, now: datetime | None = None
+    ) -> datetime | None:
+        """Take a place for one run, at ``now`` (default: the clock's). None when taken;
+        otherwise the instant to hand the run back for (now for a full cap, the window's opening
+        for a spent rate)."""
         config = self.config
-        now = self._clock.now()
+        now = self._clock.now() if now is None else now
         if config.global_ is not None and self._total >= config.global_:
             return now
         cap = config.queue_cap(queue)
@@ -140,14 +144,20 @@ class ProcessLimits:
         self._per_queue[queue] = self._per_queue.get(queue, 0) + 1
         return None
 
-    def release(self, queue: str, tenant: str | None) -> None:
-        """Give back the place ``hold`` took for a run that has ended."""
+    def release(self, queue: str, tenant: str | None, *, unstarted: datetime | None = None) -> None:
+        """Give back the place ``hold`` took for a run that has ended. ``unstarted``: the run
+        never started its body (handed back for a busy key, refused), and this is the ``now``
+        its ``hold`` took: the start recorded then is taken back, so a tenant's rate counts the
+        runs that began, and rows waiting on a busy key do not spend it."""
         self._total -= 1
         _decrement(self._per_queue, queue)
         if tenant is not None:
             _decrement(self._per_tenant, tenant)
             rate = self.config.rate_per_tenant
             if rate is not None and tenant in self._starts:
+                if unstarted is not None:
+                    with contextlib.suppress(ValueError):
+                        self._starts[tenant].remove(unstarted)
                 since = self._clock.now() - timedelta(seconds=rate.per_s)
                 if not self._window(tenant, since):
                     del self._starts[tenant]

@@ -154,6 +154,7 @@ class _Run:
     ``Renewable`` the worker's renewal loop keeps alive."""
 
     __slots__ = (
+        "began",
         "cancelled",
         "claimed",
         "controller",
@@ -180,8 +181,11 @@ class _Run:
         """The fleet slot this run holds."""
         self.freed = False
         """Whether its worker slot was given back (at the body's end, ahead of the settle)."""
-        self.placed = False
-        """Whether it holds a place under the process limits."""
+        self.placed: datetime | None = None
+        """When it took a place under the process limits (None: it holds none)."""
+        self.began = False
+        """Whether its body was started (a run handed back or refused never was): only a run
+        that began counts against its tenant's rate."""
         self.key_refused = False
         """Whether its busy key refused it (``when_busy='fail'``)."""
         self.cancelled = False
@@ -804,8 +808,9 @@ class JobWorker:
                 self._renewals.drop(run.slot)
             if run.held is not None:
                 await self._fleet.release(run.held)
-            if run.placed and self._limits is not None:
-                self._limits.release(claimed.queue, claimed.tenant_id)
+            if run.placed is not None and self._limits is not None:
+                unstarted = None if run.began else run.placed
+                self._limits.release(claimed.queue, claimed.tenant_id, unstarted=unstarted)
             del self._runs[claimed.id, claimed.claim.claim]
             self._free_slot(run, ring=ran)
 
@@ -848,11 +853,12 @@ class JobWorker:
         if run.controller.signal.aborted:
             return True, None
         if self._limits is not None:
-            back_at = self._limits.hold(claimed.queue, claimed.tenant_id)
+            placed = self._clock.now()
+            back_at = self._limits.hold(claimed.queue, claimed.tenant_id, now=placed)
             if back_at is not None:
                 await self._hand_back(run, back_at)
                 return False, None
-            run.placed = True
+            run.placed = placed
         if run.handle is None or run.handle.concurrency is None:
             return True, None
         decision = await self._fleet.take(run.handle, claimed)
@@ -894,6 +900,7 @@ class JobWorker:
                 clock=self._clock,
             )
         else:
+            run.began = True
             execution = await execute_job(
                 run.claimed,
                 driver=self._driver,
