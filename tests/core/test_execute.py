@@ -29,6 +29,7 @@ from ultimat3.jobs.core import (
     Retry,
     Settled,
     Step,
+    current_actor,
     execute_job,
     job,
 )
@@ -149,6 +150,35 @@ async def test_dead_letter_false_drops_the_row_to_failed(
     assert execution.outcome == "dropped"
     assert (await row(driver, queued.id)).state is JobState.FAILED
     assert (await totals(driver, clock))["failed"] == 1
+
+
+async def test_a_tenant_function_raising_on_a_stored_input_still_tells_on_settled(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    """New code whose tenant function reads a field the queued rows lack: the run fails, the
+    final attempt dead-letters, and on_settled hears of it under the row's own tenant."""
+    told: list[tuple[str, str | None]] = []
+    strict = False
+
+    def tenant(value: Ping) -> str:
+        if strict:
+            raise KeyError("org")
+        return "org-1"
+
+    async def body(*, input: Ping) -> None:
+        return None
+
+    async def on_settled(settled: Any) -> None:
+        actor = current_actor()
+        told.append((settled.outcome, actor.org_id if actor is not None else None))
+
+    handle = ping_job(body, tenant=tenant, retry=Retry(attempts=1), on_settled=on_settled)
+    queued = await handle.enqueue(Ping("t"))
+    strict = True
+    [execution] = await drain(driver, clock, handle)
+    assert execution.outcome == "dead-lettered"
+    assert (await row(driver, queued.id)).state is JobState.DEAD
+    assert told == [("dead-lettered", "org-1")]
 
 
 class RejectedError(JobsError):

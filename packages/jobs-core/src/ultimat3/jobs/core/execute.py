@@ -649,6 +649,18 @@ def _error_text(error: BaseException) -> str:
     return text[:8000]
 
 
+def _hook_org(handle: AnyJobHandle, claimed: ClaimedJob | ExhaustedJob, value: Any) -> str | None:
+    """The org ``on_settled`` runs under: the input's declared tenant, as the body ran under —
+    or the row's own when there is no input to read it from, or the tenant function raises on
+    this input (the failure that may have ended the run: the hook is still told)."""
+    if value is None:
+        return claimed.tenant_id
+    try:
+        return handle.tenant_of(value)
+    except Exception:
+        return claimed.tenant_id
+
+
 async def _tell(
     handle: AnyJobHandle,
     outcome: SettledOutcome,
@@ -676,7 +688,7 @@ async def _tell(
         code=error_code(error) if error is not None else None,
         ctx=ctx,
     )
-    org = handle.tenant_of(value) if value is not None else claimed.tenant_id
+    org = _hook_org(handle, claimed, value)
     last: BaseException | None = None
     with use_actor(_job_actor(handle.name, org)):
         for _ in range(ON_SETTLED_ATTEMPTS):
