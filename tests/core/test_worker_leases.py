@@ -185,6 +185,38 @@ async def test_a_whole_window_without_a_renewal_loses_the_lease_and_aborts_the_r
     assert (detail.row.state, detail.row.attempt) == (JobState.DONE, 2)
 
 
+async def test_the_lease_window_is_counted_from_the_claim_not_from_its_answer(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    class SlowClaims(HeartbeatSpy):
+        """Claims whose answer takes five seconds to come back; renewals that never land."""
+
+        async def claim(self, **options: Any) -> Any:
+            batch = await self.inner.claim(**options)
+            if batch.jobs:
+                clock.advance(5)
+            return batch
+
+    spy = SlowClaims(driver)
+
+    async def always_fail() -> bool:
+        raise ConnectionError("database gone")
+
+    spy.answer = always_fail
+    body = Parked()
+    handle = item_job(body.run)
+    worker = job_worker(driver=spy, context=lambda: None, jobs=[handle], clock=clock)  # type: ignore[arg-type]
+    async with worker:
+        try:
+            await handle.enqueue(Item(1))
+            await until(body.started.is_set)
+            await run_clock(clock, 25)  # 30 s after the claim, when the queue's lease lapses
+            await until(lambda: body.ended is not None)
+            assert isinstance(body.signal_reason, LeaseLostError)
+        finally:
+            body.release.set()
+
+
 async def test_a_renewal_that_hangs_is_caught_like_one_that_fails(
     driver: MemoryJobDriver, clock: FrozenClock
 ) -> None:

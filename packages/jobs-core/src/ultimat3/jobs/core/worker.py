@@ -621,7 +621,7 @@ class JobWorker:
                     taken = {}
                     if asked:
                         asked = self._half_of_the_slots(asked)
-                        taken = await self._take(asked, await self._fetch(asked))
+                        taken = await self._take(asked, await self._fetch(asked), began)
                 if self._more_may_be_due(asked, taken):
                     idle_wait = self._poll
                     continue
@@ -684,10 +684,13 @@ class JobWorker:
             log_event(logging.WARNING, "jobs.worker.claim-failed", worker=self.id, error=repr(exc))
             return ClaimBatch()
 
-    async def _take(self, asked: dict[str, int], batch: ClaimBatch) -> dict[str, int]:
-        """Launch the rows of ``batch`` (claimed for ``asked``); answers how many each queue
-        gave. A full batch sends the next claim first, so that claim's round trip overlaps the
-        decoding and launching of this one."""
+    async def _take(
+        self, asked: dict[str, int], batch: ClaimBatch, sent: datetime
+    ) -> dict[str, int]:
+        """Launch the rows of ``batch`` (claimed for ``asked`` by a claim sent at ``sent``);
+        answers how many each queue gave. A full batch sends the next claim first, so that
+        claim's round trip overlaps the decoding and launching of this one. Each run's lease is
+        kept from ``sent``: the queue counts the lease from the claim, not from its answer."""
         for exhausted in batch.exhausted:
             self._announce(exhausted)
         taken: dict[str, int] = {}
@@ -700,9 +703,9 @@ class JobWorker:
         except Exception as exc:  # its rows return when their leases lapse
             log_event(logging.WARNING, "jobs.worker.claim-failed", worker=self.id, error=repr(exc))
             return taken
-        now, loop = self._clock.now(), asyncio.get_running_loop()
+        loop = asyncio.get_running_loop()
         for claimed in jobs:
-            self._launch(claimed, now, loop)
+            self._launch(claimed, sent, loop)
             taken[claimed.queue] = taken.get(claimed.queue, 0) + 1
         return taken
 
@@ -713,7 +716,7 @@ class JobWorker:
         if ahead is None:
             return None
         asked, sent, answer = ahead
-        return asked, sent, await self._take(asked, await answer)
+        return asked, sent, await self._take(asked, await answer, sent)
 
     async def _claim_ahead(self, asked: dict[str, int]) -> None:
         """Send the claim the loop would send after launching a full batch of ``asked``: a full
@@ -765,13 +768,15 @@ class JobWorker:
 
     # -- one run -----------------------------------------------------------------------------
 
-    def _launch(self, claimed: ClaimedJob, now: datetime, loop: asyncio.AbstractEventLoop) -> None:
+    def _launch(
+        self, claimed: ClaimedJob, claimed_at: datetime, loop: asyncio.AbstractEventLoop
+    ) -> None:
         run = _Run(self, claimed, self._route(claimed.name))
         if not self._accepting:
             run.controller.abort(self._drained("claimed as the drain began"))
         self._runs[claimed.id, claimed.claim.claim] = run
         self._busy[claimed.queue] = self._busy.get(claimed.queue, 0) + 1
-        run.lease = self._renewals.add(run, now)
+        run.lease = self._renewals.add(run, claimed_at)
         run.task = loop.create_task(self._execute(run))
 
     async def _execute(self, run: _Run) -> None:
