@@ -151,6 +151,16 @@ async def test_a_database_without_the_schema_says_how_to_install_it(
     assert "ujobs migrate" in capsys.readouterr().err
 
 
+async def test_the_counter_rollup_on_a_database_without_the_schema_says_how_to_install_it(
+    pg_database_url: str,
+) -> None:
+    """Every worker folds the counters once a minute: its failure names the fix too."""
+    driver = postgres_job_driver(pg_database_url)
+    with pytest.raises(DriverUnavailableError, match="lacks the ultimat3-jobs schema"):
+        await driver.introspect.rollup_counters()
+    await driver.close()
+
+
 STEPS_BEFORE_KINDS = """
 create table x_job_steps (
     run_id    text collate "C" not null,

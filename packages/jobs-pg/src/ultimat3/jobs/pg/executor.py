@@ -234,11 +234,24 @@ class PgExecutor:
                 async with conn.transaction():
                     yield _Session(conn, joined)
 
-    @asynccontextmanager
-    async def transaction(self) -> AsyncIterator[AsyncConnection[Any]]:
-        """A connection inside one transaction, committed when the block exits cleanly."""
-        async with self.connection() as conn, conn.transaction():
-            yield conn
+    async def transact(
+        self,
+        work: Callable[[AsyncConnection[Any]], Awaitable[T]],
+        *,
+        idempotent: bool = False,
+    ) -> T:
+        """``work(conn)`` inside one transaction, committed when it returns: for a read whose
+        rows must stay locked until the writes that follow it. Run again as ``fetch`` runs a
+        statement again (always after a deadlock or serialization conflict, after a lost
+        connection when ``idempotent``: a ``work`` that reads again what it writes), and with
+        the same errors for a missing schema or an unreachable server. Its statements go
+        through ``on_the_wire`` themselves."""
+
+        async def go(session: _Session) -> T:
+            async with session.conn.transaction():
+                return await work(session.conn)
+
+        return await self._retrying(go, idempotent=idempotent)
 
     async def fetch(
         self,

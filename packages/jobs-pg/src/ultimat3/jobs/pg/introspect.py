@@ -36,7 +36,7 @@ from ultimat3.jobs.core.model import (
     WorkerInfo,
 )
 
-from .executor import PgExecutor
+from .executor import PgExecutor, on_the_wire
 from .rows import job_row, progress_json, step_record, utc
 from .sql_counters import (
     SQL_COUNTER_TOTALS,
@@ -301,9 +301,10 @@ class PostgresIntrospection:
 
     async def rollup_counters(self) -> None:
         now = self._clock.now()
-        async with self._executor.transaction() as conn:
+
+        async def fold(conn: psycopg.AsyncConnection[Any]) -> None:
             cursor = await conn.execute(
-                SQL_COUNTERS_DUE_FOR_ROLLUP,
+                on_the_wire(SQL_COUNTERS_DUE_FOR_ROLLUP),
                 {
                     "widths": [width for width, _ in COUNTER_TIERS],
                     "retentions": [retention for _, retention in COUNTER_TIERS],
@@ -315,7 +316,7 @@ class PostgresIntrospection:
                 return
             folded = rollup(due, now)
             await conn.execute(
-                SQL_COUNTERS_FOLD,
+                on_the_wire(SQL_COUNTERS_FOLD),
                 {
                     "gone_names": [b.name for b in due],
                     "gone_starts": [b.start for b in due],
@@ -330,6 +331,10 @@ class PostgresIntrospection:
                     "durations": [b.duration_ms for b in folded],
                 },
             )
+
+        # Idempotent: run again, it reads the due buckets again, and a fold that committed left
+        # none of them.
+        await self._executor.transact(fold, idempotent=True)
 
     async def task_fires(self) -> builtins.list[TaskFire]:
         rows = await self._executor.fetch(
