@@ -243,3 +243,45 @@ async def loses_nothing(
 
 async def queue_stats(driver: PostgresJobDriver, queue: str) -> QueueStats:
     return {s.queue: s for s in await driver.stats()}.get(queue) or QueueStats(queue)
+
+
+async def test_a_burial_survives_a_server_crash_right_after_its_claim_answered(
+    private_postgres: Found,
+) -> None:
+    """A claim commits without waiting for the disk; one that buried a lapsed final attempt
+    makes that durable before it answers, so a crash cannot take the burial back and have the
+    next claim bury and announce it a second time."""
+    url = private_postgres.url
+    assert url is not None
+    assert private_postgres.crash is not None
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as admin:
+        await admin.execute("alter database postgres set synchronous_commit = on")
+        # The WAL writer flushes relaxed commits within 200 ms: hold it off, so whatever the
+        # crash finds unflushed is what the driver itself did not make durable.
+        await admin.execute("alter system set wal_writer_delay = '10s'")
+        await admin.execute("select pg_reload_conf()")
+    await install(url)
+    clock = FrozenClock()
+    driver = postgres_job_driver(url, clock=clock)
+    final = EnqueueRequest(new_id(), new_id(), "n", "q", {}, new_id(), None, 1, clock.now())
+    try:
+        await driver.enqueue(final)
+        await driver.claim(worker_id="died", slots={"q": 1}, visibility_timeout=10)
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as admin:
+            # A durable commit of a write flushes the WAL so far: that claim is on disk.
+            await admin.execute("create table flushed as select 1 as n")
+        clock.advance(11)
+        burying = await driver.claim(worker_id="b", slots={"q": 1}, visibility_timeout=10)
+        assert [row.id for row in burying.exhausted] == [final.id]
+    finally:
+        await driver.close()
+    await asyncio.to_thread(private_postgres.crash)
+    driver = postgres_job_driver(url, clock=clock)
+    try:
+        after = await driver.claim(worker_id="c", slots={"q": 1}, visibility_timeout=10)
+        assert (list(after.jobs), list(after.exhausted)) == ([], [])
+        detail = await driver.introspect.get(final.id)
+        assert detail is not None
+        assert detail.row.state.value == "dead"
+    finally:
+        await driver.close()

@@ -192,6 +192,49 @@ async def test_a_claim_that_commits_after_its_read_back_is_answered_by_the_next_
     assert await count(lossy, "select count(*) from x_jobs where state = 'done'") == 1
 
 
+async def test_the_burials_of_a_claim_that_commits_late_are_told_without_waiting_for_room(
+    lossy: PostgresJobDriver, faults: Faults, clock: FrozenClock, pg_url: str
+) -> None:
+    """A lost claim committed after its read-back, taking two rows and burying a third: the
+    rows it took wait for two free slots, but its burial takes none and is told by the next
+    claim, however busy the worker is."""
+    final = request(clock, 9, max_attempts=1)
+    await lossy.enqueue(final)
+    await lossy.claim(worker_id="died", slots={"q": 1}, visibility_timeout=10)
+    clock.advance(11)  # its lease lapsed on its final attempt
+    await lossy.enqueue_many([request(clock, 1), request(clock, 2)])
+
+    async def once_blocked() -> None:
+        waiting = (
+            "select count(*) from pg_stat_activity "
+            "where datname = current_database() and wait_event_type = 'Lock'"
+        )
+        async with (
+            asyncio.timeout(30),
+            await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as watcher,
+        ):
+            while not (await (await watcher.execute(waiting)).fetchall())[0][0]:
+                await asyncio.sleep(0.01)
+
+    async with await psycopg.AsyncConnection.connect(pg_url) as blocker:
+        await blocker.execute("lock table x_jobs in share mode")
+        faults.abandon_next(once_blocked)
+        batch = await lossy.claim(worker_id="w", slots={"q": 2}, visibility_timeout=30)
+        assert not batch.jobs
+    buried = "select count(*) from x_jobs where state = 'dead'"
+    async with asyncio.timeout(30):
+        while not await count(lossy, buried):
+            await asyncio.sleep(0.01)
+
+    batch = await lossy.claim(worker_id="w", slots={"q": 1}, visibility_timeout=30)
+    assert [row.id for row in batch.exhausted] == [final.id]
+    assert not batch.jobs
+    clock.advance(1)
+    batch = await lossy.claim(worker_id="w", slots={"q": 2}, visibility_timeout=30)
+    assert sorted(job.input["n"] for job in batch.jobs) == [1, 2]
+    assert not batch.exhausted  # told once
+
+
 async def test_a_claim_whose_read_back_failed_too_is_answered_by_the_next_claim(
     lossy: PostgresJobDriver, faults: Faults, clock: FrozenClock
 ) -> None:

@@ -66,7 +66,7 @@ from .rows import (
     live_key,
     utc,
 )
-from .sql_claim import SQL_CLAIM, SQL_CLAIM_HELD
+from .sql_claim import SQL_CLAIM, SQL_CLAIM_FLUSH, SQL_CLAIM_HELD
 from .sql_enqueue import (
     ENQUEUE_COPY_TYPES,
     SQL_ENQUEUE,
@@ -300,7 +300,15 @@ class PostgresJobDriver:
                         queues=list(wanted),
                         now=now,
                     )
+        await self._flush_burials(rows)
         return _batch(rows, wanted, worker_id, lease_until)
+
+    async def _flush_burials(self, rows: builtins.list[tuple[Any, ...]]) -> None:
+        """Make the burials among a claim's rows durable before they are announced
+        (``SQL_CLAIM_FLUSH``); a claim that buried nothing, nearly all of them, pays nothing."""
+        buried = [row[1] for row in rows if row[0] != "running"]
+        if buried:
+            await self._executor.fetch(SQL_CLAIM_FLUSH, {"ids": buried}, idempotent=True)
 
     async def _answer_late(
         self,
@@ -317,6 +325,7 @@ class PostgresJobDriver:
         landed = await self._flush_heartbeats(renewals) if renewals else []
         renewed = {row[1] for row, held in zip(running, landed, strict=True) if held}
         kept = [row for row in rows if row[0] != "running" or row[1] in renewed]
+        await self._flush_burials(kept)
         return _batch(kept, wanted, worker_id, lease_until)
 
     async def _claimed_before(

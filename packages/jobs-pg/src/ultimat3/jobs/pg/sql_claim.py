@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["SQL_CLAIM", "SQL_CLAIM_HELD"]
+__all__ = ["SQL_CLAIM", "SQL_CLAIM_FLUSH", "SQL_CLAIM_HELD"]
 
 _CLAIMED_ROW = """\
 select 'running' as state, t.id, t.run_id, t.name, t.queue, t.input::text, t.idempotency_key,
@@ -204,4 +204,20 @@ union all
 from x_jobs b
 where b.state in ('dead', 'failed')
   and b.claim = %(claim)s
+"""
+
+SQL_CLAIM_FLUSH = """
+-- Parameters: ids[], the rows a claim buried. Run after that claim, before its answer is acted
+-- on. SQL_CLAIM commits without waiting for its WAL to reach the disk (synchronous_commit off):
+-- what a crash takes back of a claim, the rows it took, only goes back to the queue. A burial is
+-- different: it is announced (on_exhausted, the job's on_settled), and a crash that took it back
+-- would have the next claim bury and announce it again. This statement writes those rows again,
+-- unchanged, and commits with the session's own synchronous_commit: its commit waits for the
+-- WAL to be flushed up to its own record, and so through every commit before it, the claim's
+-- included. (A transaction that writes nothing commits without a flush, even with an id.) A row
+-- an operator has requeued since is not written: its burial no longer matters.
+update x_jobs
+set updated_at = updated_at
+where id = any(%(ids)s::text[])
+  and state in ('dead', 'failed')
 """

@@ -11,9 +11,11 @@ remembered until its lease would have lapsed, and the claimant's later claims lo
 once more (at most once a second, and only while one is remembered: nothing on the hot path).
 Rows found that way are answered by that later claim, under the lost claim's token, their lease
 renewed first (it ran from the lost claim's start), and run as if the first answer had arrived.
-They are answered only when the queues asking have room for all of them; until then they wait,
-and a lease that lapses meanwhile leaves them to be claimed again as before. A statement commits
-whole, so a look that finds rows finds them all.
+The rows it took are answered only when the queues asking have room for all of them; until then
+they wait, and a lease that lapses meanwhile leaves them to be claimed again as before. The rows
+it buried take no slot: they are answered at once, by the first look that finds them, so
+``on_exhausted`` hears of them however busy the worker is. A statement commits whole, so a look
+that finds rows finds them all.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class _Unanswered:
     queues: tuple[str, ...]
     next_look: datetime
     answered: bool = False
+    burials_told: bool = False
 
 
 class UnansweredClaims:
@@ -70,9 +73,9 @@ class UnansweredClaims:
         self, worker_id: str, wanted: Mapping[str, int], now: datetime
     ) -> list[tuple[Any, ...]] | None:
         """The rows (SQL_CLAIM_HELD's) of one of ``worker_id``'s remembered claims that
-        committed after all, when the queues it asks now (``wanted``) have room for them.
-        A claim whose lease lapsed is forgotten: whatever it took is claimable again, by
-        anyone."""
+        committed after all: the ones it took when the queues it asks now (``wanted``) have
+        room for them, the ones it buried at once. A claim whose lease lapsed is forgotten:
+        whatever it took is claimable again, by anyone."""
         self._pending = [
             lost for lost in self._pending if lost.lease_until > now and not lost.answered
         ]
@@ -81,17 +84,24 @@ class UnansweredClaims:
                 continue
             lost.next_look = now + LOOK_EVERY
             rows = await self._look(lost)
-            if lost.answered or not rows or not _room_for(rows, wanted):
+            if lost.answered or not rows:
                 continue
-            lost.answered = True
+            running = [row for row in rows if row[0] == "running"]
+            answer = [] if lost.burials_told else [row for row in rows if row[0] != "running"]
+            if _room_for(running, wanted):
+                lost.answered = True
+                answer += running
+            if not answer:
+                continue
+            lost.burials_told = True
             log_event(
                 logging.WARNING,
                 "jobs.claim.committed-late",
                 worker=worker_id,
                 claim=lost.claim,
-                rows=len(rows),
+                rows=len(answer),
             )
-            return rows
+            return answer
         return None
 
     async def _look(self, lost: _Unanswered) -> list[tuple[Any, ...]]:
@@ -107,11 +117,9 @@ class UnansweredClaims:
         )
 
 
-def _room_for(rows: Sequence[Sequence[Any]], wanted: Mapping[str, int]) -> bool:
-    """Whether every queue asking has a slot for each of its rows that runs (a buried row takes
-    none)."""
+def _room_for(running: Sequence[Sequence[Any]], wanted: Mapping[str, int]) -> bool:
+    """Whether every queue asking has a slot for each of these running rows."""
     taken: dict[str, int] = {}
-    for row in rows:
-        if row[0] == "running":
-            taken[row[4]] = taken.get(row[4], 0) + 1
+    for row in running:
+        taken[row[4]] = taken.get(row[4], 0) + 1
     return all(count <= wanted.get(queue, 0) for queue, count in taken.items())
