@@ -69,6 +69,25 @@ async def test_an_error_reply_fails_only_its_own_call(wire: Wire) -> None:
     assert results[2] == "b"
 
 
+async def test_a_lone_call_cancelled_while_its_reply_is_owed_fails_no_call_behind_it(
+    wire: Wire, client: aioredis.Redis, redis_prefix: str
+) -> None:
+    """A job body cancelled (its timeout, a drain) while it awaits a driver call: the caller
+    leaves, the stream goes on, and the calls queued behind it get their own replies."""
+    await wire.call(["PING"])
+    waiting = asyncio.create_task(wire.call(["BLPOP", f"{redis_prefix}:nothing", "1"]))
+    await asyncio.sleep(0.05)
+    behind = asyncio.create_task(wire.call(["SET", f"{redis_prefix}:behind", "written"]))
+    await asyncio.sleep(0.05)
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert await behind == "OK"
+    assert await client.get(f"{redis_prefix}:behind") == "written"
+    assert await wire.call(["ECHO", "still open"]) == "still open"
+    await client.delete(f"{redis_prefix}:behind")
+
+
 async def test_a_broken_connection_fails_the_calls_in_flight_and_the_next_call_redials(
     wire: Wire, client: aioredis.Redis, redis_prefix: str
 ) -> None:
@@ -93,6 +112,10 @@ class Relay:
         self._pairs: set[asyncio.Task[None]] = set()
         self.silent = False
         """Commands are swallowed: the server never sees them and nothing comes back."""
+        self.reading = asyncio.Event()
+        """Cleared: the relay stops reading what the client sends, until it is set again (the
+        client's socket buffers fill, and its writes wait on the transport)."""
+        self.reading.set()
         self._drop_at_reply = False
 
     async def start(self) -> None:
@@ -132,7 +155,12 @@ class Relay:
     async def _pump(
         self, source: asyncio.StreamReader, sink: asyncio.StreamWriter, *, upstream: bool
     ) -> None:
-        while data := await source.read(65536):
+        while True:
+            if upstream:
+                await self.reading.wait()
+            data = await source.read(65536)
+            if not data:
+                break
             if upstream and self.silent:
                 continue
             if not upstream and self._drop_at_reply:
@@ -186,6 +214,38 @@ async def test_a_server_that_stops_answering_fails_every_call_in_flight_at_the_d
         relay.silent = False
         assert await wire.call(["ECHO", "after"]) == "after"
     finally:
+        await wire.close()
+        await client.aclose()
+
+
+async def test_a_call_cancelled_while_its_command_waits_on_the_transport_breaks_nothing(
+    relay: Relay, redis_prefix: str
+) -> None:
+    """A write that waits for a full socket (a large step output, a slow network) cancelled
+    with its caller: the command is buffered whole and still goes out; no call fails for it."""
+    client = aioredis.Redis.from_url(relay.url, decode_responses=True)
+    wire = Wire(client, timeout=30)
+    try:
+        assert await wire.call(["PING"]) == "PONG"
+        relay.reading.clear()
+        big = "x" * 16_000_000  # past what the socket buffers between client and relay hold
+        first = asyncio.create_task(wire.call(["SET", f"{redis_prefix}:a", big]))
+        second = asyncio.create_task(wire.call(["SET", f"{redis_prefix}:b", big]))
+        while (
+            not (writer := wire._connection._writer) or not writer.transport.get_write_buffer_size()
+        ):
+            await asyncio.sleep(0.01)
+        second.cancel()
+        await asyncio.sleep(0.05)
+        relay.reading.set()
+        assert await first == "OK"
+        with pytest.raises(asyncio.CancelledError):
+            await second
+        assert await wire.call(["ECHO", "still open"]) == "still open"
+        assert await client.strlen(f"{redis_prefix}:b") == len(big)
+        await client.delete(f"{redis_prefix}:a", f"{redis_prefix}:b")
+    finally:
+        relay.reading.set()
         await wire.close()
         await client.aclose()
 

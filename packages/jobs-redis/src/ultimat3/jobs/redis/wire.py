@@ -16,7 +16,9 @@ of holding every call behind it. One timer serves the whole connection, re-armed
 fires (a per-read timeout cost ~1.5 us a reply, ~6% of a pipelined call's CPU). A dial has the
 same deadline. When the
 connection breaks, every call in flight fails with ``redis.exceptions.ConnectionError`` (whether
-the server ran it is unknown, as for any client) and the next call dials again. A socket the
+the server ran it is unknown, as for any client) and the next call dials again. A caller
+cancelled while its reply is owed (a job body at its timeout, a drain) breaks nothing: its
+command went out whole, and its reply is read and dropped with the stream left in step. A socket the
 server has closed while the wire was idle (a restart, an idle timeout) is noticed before a
 command is written to it: the call dials afresh instead, so that command is not lost.
 """
@@ -95,10 +97,11 @@ class Wire:
         self._owe()
         self._waiting.append(future)
         try:
-            await self._connection.send_packed_command(command, check_health=False)
+            await self._send(command)
+        except asyncio.CancelledError:
+            self._read_on()  # the command went out whole: its reply comes, and is dropped
+            raise
         except BaseException as exc:
-            # A write that failed or was cancelled half-way leaves the stream unusable: redis-py
-            # has closed the connection; every reply still owed is lost with it.
             failure = self._fail(exc)
             if failure is exc:
                 raise
@@ -109,16 +112,23 @@ class Wire:
     async def _call_alone(self, command: bytes) -> Any:
         """Nothing else in flight: write and read in the caller's own task, which saves the
         hand-over to a reader (a loop turn, ~15% of a lone call). Calls arriving meanwhile queue
-        behind it, and the reader takes over their replies once this one has its own."""
+        behind it, and the reader takes over their replies once this one has its own — or,
+        when the caller is cancelled while its reply is owed, that reply too: a cancel ends the
+        caller's wait, not the stream, which the reader goes on reading where it stopped."""
         self._owe()
         self._alone = True
         try:
-            await self._connection.send_packed_command(command, check_health=False)
+            await self._send(command)
             try:
-                reply: Any = await self._connection.read_response()
+                reply: Any = await self._connection.read_response(disconnect_on_error=False)
             except ResponseError as error:
                 reply = error
             self._heard = asyncio.get_running_loop().time()
+        except asyncio.CancelledError:
+            dropped: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            dropped.cancel()
+            self._waiting.appendleft(dropped)  # the oldest reply owed: read first, and dropped
+            raise
         except BaseException as exc:
             failure = self._fail(exc)
             if failure is exc:
@@ -130,6 +140,17 @@ class Wire:
         if isinstance(reply, ResponseError):
             raise reply
         return reply
+
+    async def _send(self, command: bytes) -> None:
+        """Write ``command`` to the socket whole, then wait for the transport to take it. Not
+        through redis-py's ``send_packed_command``, which closes the connection when the wait is
+        cancelled: the command is already buffered whole by then and goes out, so a cancel
+        leaves the stream intact, the reply owed."""
+        writer = self._connection._writer
+        if writer is None:
+            raise ConnectionError("the connection to Redis is not open")
+        writer.write(command)
+        await writer.drain()
 
     @property
     def _idle(self) -> bool:
