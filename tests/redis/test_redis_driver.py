@@ -427,6 +427,18 @@ async def test_a_lease_renewed_in_the_hash_alone_is_kept_until_the_hash_says_it_
     assert await leases.acquire("k", "b", limit=1, ttl=5)
 
 
+async def test_a_lease_keys_server_ttl_outlives_its_longest_holder_whoever_wrote_last(
+    driver: RedisJobDriver, clock: FrozenClock
+) -> None:
+    """A short lease taken after a long one must not shorten the key's life below the long
+    one's expiry: the server would drop the hash and free a slot still held."""
+    leases = driver.leases
+    assert await leases.acquire("k", "long", limit=2, ttl=7200)
+    assert await leases.acquire("k", "short", limit=2, ttl=30)
+    for suffix in ("lease:k", "leasexp:k"):
+        assert await driver.client.pttl(driver.namespace.key(suffix)) > 7200 * 1000
+
+
 async def test_a_rebuilt_lease_index_expires_with_its_hash(
     driver: RedisJobDriver, clock: FrozenClock
 ) -> None:

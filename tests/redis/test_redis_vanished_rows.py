@@ -7,7 +7,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ultimat3.jobs.core import EnqueueRequest, FrozenClock, JobFilter
+from ultimat3.jobs.core import (
+    AckOptions,
+    BulkFilter,
+    EnqueueRequest,
+    FrozenClock,
+    JobFilter,
+    JobState,
+)
 from ultimat3.jobs.redis import RedisJobDriver
 
 RequestBuilder = Callable[..., EnqueueRequest]
@@ -74,3 +81,30 @@ async def test_list_and_get_pass_over_a_row_whose_hash_vanished(
     page = await driver.introspect.list(JobFilter())
     assert [row.id for row in page.rows] == [kept.id]
     assert await driver.introspect.get(gone.id) is None
+
+
+async def _finished_behind_a_vanished_holder(
+    driver: RedisJobDriver, new_request: RequestBuilder
+) -> str:
+    """A done row with key "k", and a live row holding "k" whose hash then vanished."""
+    done = await driver.enqueue(new_request(key="k"))
+    (job,) = (await driver.claim(worker_id="w", slots={"q": 1}, visibility_timeout=30)).jobs
+    assert await driver.ack(job.id, AckOptions("w", job.claim.claim))
+    holder = await driver.enqueue(new_request(key="k"))
+    await _vanish(driver, holder.id)
+    return done.id
+
+
+async def test_requeue_takes_a_key_whose_holder_vanished(
+    driver: RedisJobDriver, new_request: RequestBuilder
+) -> None:
+    done = await _finished_behind_a_vanished_holder(driver, new_request)
+    assert (await driver.introspect.requeue(done)).state is JobState.READY
+
+
+async def test_requeue_many_moves_and_counts_rows_whose_key_holder_vanished(
+    driver: RedisJobDriver, new_request: RequestBuilder
+) -> None:
+    await _finished_behind_a_vanished_holder(driver, new_request)
+    result = await driver.introspect.requeue_many(BulkFilter(state=JobState.DONE))
+    assert (result.affected, result.remaining) == (1, 0)

@@ -3,8 +3,8 @@
 One hash per key (``lease:<key>``), holder -> "<expires> <order>", and the same holders by
 expiry in a sorted set (``leasexp:<key>``), so a call drops the expired ones without reading them
 all; both are read and written by ``lua/lease.lua`` only. Expiry is decided on the driver's clock;
-the keys also carry a server TTL an hour past their newest expiry, so a key every holder
-abandoned frees itself.
+the keys also carry a server TTL an hour past their newest holder's expiry (whichever holder
+wrote last), so a key every holder abandoned frees itself.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ class RedisLeaseStore:
     ) -> Any:
         now = self._ns.clock.now()
         expires = to_us(now + timedelta(seconds=ttl))
-        backstop_ms = str(int((ttl + _BACKSTOP_S) * 1000))
+        backstop_ms = str(int(_BACKSTOP_S * 1000))
         return await self._ns.call(
             "lease", action, key, holder, str(limit), expires, backstop_ms, now=now
         )

@@ -29,7 +29,7 @@ for i = 10, #ARGV do
         touched[row.queue] = true
         moved = moved + 1
       end
-    elseif redis.call('HEXISTS', K_LIVE, f[6]) == 0 then
+    elseif not live_holder(f[6]) then
       local row = load(id)
       ready_again(row)
       touched[row.queue] = true

@@ -57,10 +57,13 @@ for i = 1, #page, 2 do
 end
 local out = {last / 2, page[last] or '', page[last - 1] or '', matched}
 if #keys > 0 then
-  -- One HMGET for the page's keys: the live check costs no call of its own per row.
+  -- One HMGET for the page's keys: the live check costs no call of its own per free row. A
+  -- holder whose row vanished holds nothing (see live_holder).
   local holders = redis.call('HMGET', K_LIVE, unpack(keys))
   for i, lk in ipairs(keys) do
-    if not holders[i] then out[#out + 1] = lk end
+    if not holders[i] or redis.call('EXISTS', k_job(holders[i])) == 0 then
+      out[#out + 1] = lk
+    end
   end
 end
 return out

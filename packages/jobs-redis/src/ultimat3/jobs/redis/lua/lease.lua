@@ -3,8 +3,9 @@
 -- sorted set (`leasexp:<key>`) holds each holder scored by its expiry, so a call drops the
 -- holders that expired without reading every holder: O(log n) a call, not O(holders).
 -- ARGV[4] action ("acquire", "renew", "release", "holders"), ARGV[5] lease key, ARGV[6] holder,
--- ARGV[7] limit, ARGV[8] new expiry, ARGV[9] key TTL in ms (server time: the backstop that
--- frees a key every holder abandoned).
+-- ARGV[7] limit, ARGV[8] new expiry, ARGV[9] the backstop in ms: the keys' server TTL is that
+-- long past their newest holder's expiry (whoever wrote last), so a key every holder abandoned
+-- frees itself and no holder's slot is freed by a shorter lease written after it.
 -- Answers 1/0 (acquire, renew: whether the holder holds a slot now), or for "holders" the live
 -- holders as {holder, order, ...}. Expired holders are dropped first, whatever the action.
 local action, key, holder = ARGV[4], B .. 'lease:' .. ARGV[5], ARGV[6]
@@ -53,6 +54,8 @@ else
   redis.call('HSET', key, holder, ARGV[8] .. ' ' .. redis.call('INCR', B .. 'leaseorder'))
 end
 redis.call('ZADD', expiries, ARGV[8], holder)
-redis.call('PEXPIRE', key, ARGV[9])
-redis.call('PEXPIRE', expiries, ARGV[9])
+local newest = tonumber(redis.call('ZRANGE', expiries, -1, -1, 'WITHSCORES')[2])
+local ttl_ms = math.max(0, math.floor((newest - NOW_N) / 1000)) + tonumber(ARGV[9])
+redis.call('PEXPIRE', key, ttl_ms)
+redis.call('PEXPIRE', expiries, ttl_ms)
 return 1

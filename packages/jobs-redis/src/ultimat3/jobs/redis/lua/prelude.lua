@@ -233,12 +233,20 @@ end
 -- What a row whose hash vanished (evicted under a maxmemory policy other than noeviction, or
 -- deleted behind the driver's back) left in queue `q`'s indexes: removed, so a claim reading
 -- them goes on past it instead of failing every call. Called only when `id` names no row, so no
--- other row's entries go with them. Its live key is freed by the next insert needing it.
+-- other row's entries go with them. Its live key is free: see `live_holder`.
 local function forget_vanished(q, id)
   redis.call('ZREM', k_due(q), id)
   redis.call('ZREM', k_lease(q), id)
   for _, s in ipairs(STATES) do redis.call('ZREM', k_state(q, s), id) end
   redis.call('ZREM', K_CREATED, id)
+end
+
+-- The id of the live row holding live key `lk`, or nil: nil too when the row the key names has
+-- vanished (see forget_vanished), whose key is then free for whoever takes it next.
+local function live_holder(lk)
+  local holder = redis.call('HGET', K_LIVE, lk)
+  if holder and redis.call('EXISTS', k_job(holder)) == 1 then return holder end
+  return nil
 end
 
 -- Remove up to `limit` done rows of queue `q` whose TTL passed on the driver's clock. Called by

@@ -11,7 +11,7 @@ local id, from_step = ARGV[4], optional(ARGV[5])
 local row = load(id)
 if not row then return {'missing'} end
 if not FINISHED[row.state] then return {'live', row.state} end
-local holder = redis.call('HGET', K_LIVE, row.lk)
+local holder = live_holder(row.lk)
 if holder then return {'held', holder} end
 if from_step then
   local sk = k_steps(row.run_id)
