@@ -37,6 +37,7 @@ from ultimat3.jobs.core import (
 from ultimat3.jobs.core.constants import DEFAULT_VISIBILITY_TIMEOUT_S
 from ultimat3.jobs.core.execute import announce_exhausted
 from ultimat3.jobs.core.registry import job_named
+from ultimat3.jobs.core.threads import in_thread
 
 __all__ = ["DEFAULT_ATTEMPTS_GUARD", "DEFAULT_STUCK_AFTER_S", "RunawayJobsError", "run_jobs"]
 
@@ -52,7 +53,9 @@ really hangs under a ``timeout``."""
 _POLL_S = 0.01
 """How often a running attempt is looked at: often enough to see a short thread step."""
 
-_TO_THREAD = asyncio.to_thread.__code__
+_THREAD_CALLS = frozenset({asyncio.to_thread.__code__, in_thread.__code__})
+"""The coroutines a task waits in while a thread works: a body's own ``asyncio.to_thread``, and
+the runner's for a sync body or a sync ``step.run``."""
 
 _WAITING = (JobState.READY, JobState.DELAYED, JobState.SUSPENDED)
 _PROBE_HORIZON = timedelta(days=400)
@@ -198,15 +201,15 @@ async def _attempt(
 
 
 def _thread_work_in_flight() -> bool:
-    """Whether a task of this loop waits on ``asyncio.to_thread`` (a sync ``step.run`` does): a
-    thread is working, so nothing is stuck yet."""
+    """Whether a task of this loop waits on a thread (``_THREAD_CALLS``; a sync ``step.run``
+    does): a thread is working, so nothing is stuck yet."""
     return any(_awaits_a_thread(task) for task in asyncio.all_tasks())
 
 
 def _awaits_a_thread(task: asyncio.Task[Any]) -> bool:
     awaited: Any = task.get_coro()
     while awaited is not None:
-        if getattr(awaited, "cr_code", None) is _TO_THREAD:
+        if getattr(awaited, "cr_code", None) in _THREAD_CALLS:
             return True
         awaited = getattr(awaited, "cr_await", None)
     return False
