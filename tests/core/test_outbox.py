@@ -305,6 +305,34 @@ async def test_a_crash_between_publish_and_retire_republishes_into_the_same_job(
     assert store.retained() == []
 
 
+@pytest.mark.parametrize("lost", ["release", "mark_published"])
+async def test_a_batch_a_pass_left_claimed_is_taken_by_the_next_pass_not_a_lease_later(
+    driver: MemoryJobDriver, clock: FrozenClock, store: MemoryOutboxStore, lost: str
+) -> None:
+    """The hand-back or the retirement failed (the connection died under it): the batch is still
+    claimed, by this relay, and its next pass takes it again, the rows staged after it too."""
+    first = request(1)
+    await store.stage(first)
+    original = getattr(store, lost)
+
+    async def connection_lost(ids: Sequence[str], *, claimant: str) -> int:
+        setattr(store, lost, original)
+        raise ConnectionError("the connection died")
+
+    setattr(store, lost, connection_lost)
+    flaky = FlakyDriver(driver)
+    flaky.fail = 1 if lost == "release" else 0
+    relay = relay_of(store, flaky, clock)
+    with pytest.raises(ConnectionError):
+        await relay.run_once()
+    assert [r.claimed_by for r in store.retained()] == [relay.id]
+    later = request(2)
+    await store.stage(later)
+    assert await relay.run_once() == 2
+    assert store.retained() == []
+    assert sorted(r.id for r in await job_rows(driver)) == sorted([first.id, later.id])
+
+
 def _ack(claimed: Any) -> AckOptions:
     return AckOptions(claimed.claim.worker_id, claimed.claim.claim)
 

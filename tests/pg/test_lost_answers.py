@@ -440,3 +440,21 @@ async def test_an_outbox_claim_whose_answer_was_lost_answers_the_batch_it_stampe
     assert [r.request.id for r in records] == [staged[0].id]
     claimed = "select count(*) from x_outbox where claimed_by is not null"
     assert await count(lossy, claimed) == 1
+
+
+@pytest.mark.parametrize("write", ["release", "mark_published"])
+async def test_an_outbox_hand_back_or_retirement_whose_answer_was_lost_is_run_again(
+    lossy: PostgresJobDriver, faults: Faults, clock: FrozenClock, write: str
+) -> None:
+    """A repeat moves nothing the first one did not: the relay is not left with a batch it
+    cannot tell the fate of."""
+    store = postgres_outbox_store(executor=lossy.executor, clock=clock)
+    staged = request(clock)
+    async with lossy.executor.connection() as conn, jobs_transaction(conn):
+        await store.stage(staged)
+    await store.claim(claimant="relay-1", limit=1, lease=30)
+    faults.lose_answers()
+    await getattr(store, write)([staged.id], claimant="relay-1")
+    unclaimed = "select count(*) from x_outbox where claimed_by is null and published_at is null"
+    published = "select count(*) from x_outbox where published_at is not null"
+    assert await count(lossy, unclaimed if write == "release" else published) == 1

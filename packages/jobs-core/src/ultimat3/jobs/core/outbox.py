@@ -228,8 +228,13 @@ class OutboxRelay:
 
     async def run_once(self) -> int:
         """One pass: claim a batch, publish it in staged order, retire it. Answers the rows
-        published. A failed publish hands the batch back at once and raises."""
-        claimant = f"{self.id}:{new_id()}"
+        published. A failed publish hands the batch back at once and raises.
+
+        Every pass claims as the relay itself (``self.id``): a batch a pass left claimed — its
+        hand-back or its retirement was lost with the connection — is taken again by the next
+        pass instead of fencing every later row off until its lease lapses. One relay's passes
+        must not overlap (its loop runs them one after another)."""
+        claimant = self.id
         records = await self._store.claim(claimant=claimant, limit=self._batch, lease=self._lease)
         if not records:
             return 0

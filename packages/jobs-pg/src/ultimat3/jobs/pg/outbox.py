@@ -95,7 +95,9 @@ class PostgresOutboxStore:
 
     async def release(self, ids: Sequence[str], *, claimant: str) -> int:
         rows = await self._executor.fetch(
-            SQL_OUTBOX_RELEASE, {"ids": list(ids), "claimant": claimant}
+            SQL_OUTBOX_RELEASE,
+            {"ids": list(ids), "claimant": claimant},
+            idempotent=True,  # a repeat finds the rows handed back and moves nothing
         )
         return len(rows)
 
@@ -103,6 +105,7 @@ class PostgresOutboxStore:
         rows = await self._executor.fetch(
             SQL_OUTBOX_MARK_PUBLISHED,
             {"ids": list(ids), "claimant": claimant, "now": self._clock.now()},
+            idempotent=True,  # a repeat finds the rows published and moves nothing
         )
         return len(rows)
 
