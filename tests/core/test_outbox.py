@@ -208,8 +208,8 @@ async def test_release_and_mark_published_move_only_the_claimants_rows(
 # -- the relay ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("bad", [0, -1, "0s", "-5s", "soon", float("nan")])
-def test_a_claim_lease_that_is_not_a_positive_duration_is_refused(
+@pytest.mark.parametrize("bad", [0, -1, "0s", "-5s", "soon", float("nan"), 1e-9, 0.0009])
+def test_a_claim_lease_that_is_not_a_positive_duration_of_a_millisecond_or_more_is_refused(
     driver: MemoryJobDriver, store: MemoryOutboxStore, bad: Any
 ) -> None:
     with pytest.raises(InvariantError) as raised:
@@ -217,7 +217,7 @@ def test_a_claim_lease_that_is_not_a_positive_duration_is_refused(
     assert raised.value.code == "X_INVARIANT"
 
 
-@pytest.mark.parametrize("lease", [30, 30.0, "30s", timedelta(seconds=30)])
+@pytest.mark.parametrize("lease", [30, 30.0, "30s", timedelta(seconds=30), 0.001])
 def test_a_claim_lease_is_any_duration(
     driver: MemoryJobDriver, store: MemoryOutboxStore, lease: Any
 ) -> None:

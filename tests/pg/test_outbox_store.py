@@ -264,6 +264,27 @@ def nodes_on(plan: dict[str, Any], table: str) -> list[str]:
     return found
 
 
+async def test_a_stage_under_an_older_view_than_its_statement_wakes_the_relay(
+    store: PostgresOutboxStore,
+    app: AsyncConnection[Any],
+    listener: AsyncConnection[Any],
+    pg_url: str,
+    clock: FrozenClock,
+) -> None:
+    """A REPEATABLE READ transaction still sees a row waiting that a relay published after its
+    first statement: were its stage silent for that, nothing would wake a relay for the row it
+    commits."""
+    waiting = await stage_committed(store, app, clock)
+    assert await wakes(listener, pg_url) == 1
+    async with jobs_transaction(app):
+        await app.execute("set transaction isolation level repeatable read")
+        await app.execute("select count(*) from x_outbox")  # the transaction's view, taken now
+        await store.claim(claimant="r1", limit=10, lease=30)
+        await store.mark_published([waiting.id], claimant="r1")
+        await store.stage(request(clock))
+    assert await wakes(listener, pg_url) == 1
+
+
 async def test_a_stage_never_reads_the_audit_trail_to_decide_whether_to_wake(
     driver: PostgresJobDriver, app: AsyncConnection[Any], clock: FrozenClock
 ) -> None:

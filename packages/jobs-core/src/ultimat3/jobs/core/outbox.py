@@ -127,6 +127,12 @@ class OutboxRelay:
         self._store = store
         self._driver = driver
         self._lease = positive_seconds(claim_lease, "claim_lease")
+        if self._lease < 0.001:  # a store keeps its stamps to the microsecond, or the millisecond
+            raise InvariantError(
+                f"claim_lease must be at least 1 ms, got {claim_lease!r}: a shorter one lapses "
+                "as it is stamped, and two relays could hold one batch",
+                meta={"field": "claim_lease"},
+            )
         self._batch = batch
         self._interval = positive_seconds(interval, "interval")
         self._idle_max = (

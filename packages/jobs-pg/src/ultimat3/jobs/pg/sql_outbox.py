@@ -39,9 +39,12 @@ SQL_OUTBOX_STAGE = """
 -- * the row is the job, ids included: the relay publishes it under this id and run id;
 -- * staging an id that is already staged keeps the first row (a repeat is the same job);
 -- * x_outbox_wake is notified — delivered on COMMIT, never after a rollback — only when no row
---   already waits unclaimed in this transaction's view. A waiting row means a relay already has a
---   reason to poll, and a NOTIFY per staged row would queue every committing transaction behind
---   the server's notify lock.
+--   already waits unclaimed in this statement's view, and always when the transaction sees an
+--   older view than its statement's (REPEATABLE READ, SERIALIZABLE): a row that view shows
+--   waiting may have been published since. A waiting row means a relay already has a reason
+--   to poll, and a NOTIFY per staged row would queue every committing transaction behind the
+--   server's notify lock. (A row published between this statement and the COMMIT leaves the
+--   new row to the relay's next poll: its back-off, short right after a pass that published.)
 -- That check reads the first unclaimed waiting row through x_outbox_pending_idx, in the relay's
 -- order: asked as NOT EXISTS, with statistics taken while rows waited, the planner read the table
 -- from its start instead, through every published row the audit trail keeps (6 ms a stage beside
@@ -62,14 +65,17 @@ with staged as (
 select pg_notify('x_outbox_wake', '')
 where exists (select 1 from staged)
   and (
-      select count(*)
-      from (
-          select 1 from x_outbox
-          where published_at is null and claimed_by is null
-          order by staged_at, id
-          limit 1
-      ) first_waiting
-  ) = 0
+      current_setting('transaction_isolation') <> 'read committed'
+      or (
+          select count(*)
+          from (
+              select 1 from x_outbox
+              where published_at is null and claimed_by is null
+              order by staged_at, id
+              limit 1
+          ) first_waiting
+      ) = 0
+  )
 """
 
 SQL_OUTBOX_CLAIM_TURN = """
