@@ -55,7 +55,7 @@ class MemoryEventBus:
             expires_at=now + timedelta(seconds=DEFAULT_EVENT_TTL_S if ttl is None else ttl),
         )
         self._events.append(record)
-        return record
+        return replace(record, payload=deepcopy(record.payload))
 
     async def lookup(
         self,

@@ -229,8 +229,12 @@ class ReferenceQueue:
     def ack(self, job_id: str, options: AckOptions, now: datetime) -> bool:
         row = self._held(job_id, options.ref)
         if row is None:
-            done = self.rows.get(job_id)
-            return done is not None and done.acked_claim == options.claim
+            done = self.rows.get(job_id)  # a repeat of the ack that finished it answers True
+            return (
+                done is not None
+                and done.state is JobState.DONE
+                and done.acked_claim == options.claim
+            )
         self._finish(row, JobState.DONE, now)
         row.acked_claim = options.claim
         self._count(row.request.name, "done", options.duration_ms)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from copy import deepcopy
-from dataclasses import replace
 from datetime import datetime, timedelta
 
 from ..clock import SYSTEM_CLOCK, Clock
@@ -34,13 +33,9 @@ from ..protocol import ClaimBatch
 from .backfills import MemoryBackfillLedger
 from .introspect import MemoryIntrospection
 from .leases import MemoryLeaseStore
-from .state import MemoryState, Row
+from .state import MemoryState, Row, copied_step
 
 __all__ = ["MemoryJobDriver", "memory_job_driver"]
-
-
-def _copied(step: StepRecord) -> StepRecord:
-    return replace(step, output=deepcopy(step.output))
 
 
 def _claim_order(row: Row) -> tuple[datetime, str]:
@@ -101,7 +96,7 @@ class MemoryJobDriver:
             run_id=request.run_id,
             name=request.name,
             queue=request.queue,
-            input=request.input,
+            input=deepcopy(request.input),  # the row is its own, as a server's is
             idempotency_key=request.idempotency_key,
             tenant_id=request.tenant_id,
             state=JobState.DELAYED if request.run_at > now else JobState.READY,
@@ -162,7 +157,7 @@ class MemoryJobDriver:
             run_id=row.run_id,
             name=row.name,
             queue=row.queue,
-            input=row.input,
+            input=deepcopy(row.input),
             tenant_id=row.tenant_id,
             attempt=row.attempt,
             max_attempts=row.max_attempts,
@@ -178,7 +173,7 @@ class MemoryJobDriver:
             run_id=row.run_id,
             name=row.name,
             queue=row.queue,
-            input=row.input,
+            input=deepcopy(row.input),
             idempotency_key=row.idempotency_key,
             tenant_id=row.tenant_id,
             attempt=row.attempt,
@@ -188,7 +183,8 @@ class MemoryJobDriver:
             lease_until=row.lease_until,
             claim=ClaimRef(row.worker_id, row.claim),
             steps={
-                name: _copied(step) for name, step in self._state.steps.get(row.run_id, {}).items()
+                name: copied_step(step)
+                for name, step in self._state.steps.get(row.run_id, {}).items()
             },
             enqueued_by=row.enqueued_by,
             traceparent=row.traceparent,
@@ -238,7 +234,7 @@ class MemoryJobDriver:
             return False
         # Stored and handed out as copies, as a server stores bytes: a body that changes the
         # value its step returned must not change what a later attempt replays.
-        self._state.steps.setdefault(run_id, {})[step.name] = _copied(step)
+        self._state.steps.setdefault(run_id, {})[step.name] = copied_step(step)
         return True
 
     async def stats(self, *, include_done: bool = True) -> list[QueueStats]:

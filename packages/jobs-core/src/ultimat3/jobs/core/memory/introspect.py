@@ -29,7 +29,7 @@ from ..model import (
     WorkerInfo,
 )
 from ..wake import signal_enqueued
-from .state import MemoryState, Row
+from .state import MemoryState, Row, copied_step
 
 __all__ = ["MemoryIntrospection"]
 
@@ -66,7 +66,7 @@ class MemoryIntrospection:
         if row is None:
             return None
         steps = sorted(self._state.steps.get(row.run_id, {}).values(), key=lambda s: s.seq)
-        return JobDetail(row=row.public(), steps=steps)
+        return JobDetail(row=row.public(), steps=[copied_step(step) for step in steps])
 
     # -- one row -----------------------------------------------------------------------------
 

@@ -11,7 +11,8 @@ of its waiting rows.
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass, field
+from copy import deepcopy
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from ..clock import Clock
@@ -30,10 +31,16 @@ from ..model import (
     WorkerInfo,
 )
 
-__all__ = ["WAITING_STATES", "MemoryState", "Row"]
+__all__ = ["WAITING_STATES", "MemoryState", "Row", "copied_step"]
 
 WAITING_STATES = frozenset({JobState.READY, JobState.DELAYED, JobState.SUSPENDED})
 """The states a claim takes a row from once its run_at is due."""
+
+
+def copied_step(step: StepRecord) -> StepRecord:
+    """``step`` with an output of its own: what goes in or comes out is never the stored value
+    (a server stores bytes), so no caller changes what a later attempt replays."""
+    return replace(step, output=deepcopy(step.output))
 
 
 @dataclass
@@ -86,7 +93,7 @@ class Row:
             name=self.name,
             queue=self.queue,
             state=self.state,
-            input=self.input,
+            input=deepcopy(self.input),
             idempotency_key=self.idempotency_key,
             tenant_id=self.tenant_id,
             attempt=self.attempt,

@@ -93,6 +93,19 @@ class BulkRules:
         assert await jobs.introspect.requeue_many(everything) == BulkResult(MAX_BULK_ROWS, 1)
         assert await jobs.introspect.requeue_many(everything) == BulkResult(1, 0)
 
+    async def test_requeue_many_spends_its_bound_only_on_rows_it_can_move(
+        self, jobs: Conformance
+    ) -> None:
+        """A row whose key a live job holds, ahead of the rest, takes none of the bound, and is
+        not counted in ``remaining``: no later call could move it either."""
+        (held,) = await _cancelled(jobs, 1, key="k")
+        await jobs.enqueue(key="k")
+        jobs.advance(1)
+        await _cancelled(jobs, MAX_BULK_ROWS)
+        everything = BulkFilter(state=JobState.CANCELLED)
+        assert await jobs.introspect.requeue_many(everything) == BulkResult(MAX_BULK_ROWS, 0)
+        assert (await jobs.row(held)).state is JobState.CANCELLED
+
     async def test_remove_many_deletes_the_matching_rows(self, jobs: Conformance) -> None:
         await jobs.driver.enqueue_many([jobs.request(queue="a") for _ in range(2)])
         kept = await jobs.enqueue(queue="b")

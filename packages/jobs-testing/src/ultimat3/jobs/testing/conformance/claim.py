@@ -22,6 +22,12 @@ class ClaimRules:
         middle = await jobs.enqueue(delay=-20)
         assert [(await jobs.claim_one()).id for _ in range(3)] == [early.id, middle.id, late.id]
 
+    async def test_a_batch_lists_its_rows_oldest_run_at_first(self, jobs: Conformance) -> None:
+        late = await jobs.enqueue(delay=-10)
+        early = await jobs.enqueue(delay=-30)
+        middle = await jobs.enqueue(delay=-20)
+        assert await jobs.claimed_ids(slots=3) == [early.id, middle.id, late.id]
+
     async def test_claim_breaks_run_at_ties_in_id_order(self, jobs: Conformance) -> None:
         at = jobs.at(-1)
         ids = ["0190a000-0000-7000-8000-00000000000" + digit for digit in "3172"]

@@ -175,3 +175,18 @@ class EnqueueRules:
         assert (row.finished_at, row.last_error, row.progress) == (None, None, None)
         assert (row.worker_id, row.lease_until) == (None, None)
         assert (row.tenant_id, row.enqueued_by, row.input) == ("org-1", "user:7", request.input)
+
+    async def test_a_row_keeps_the_input_it_was_enqueued_with(self, jobs: Conformance) -> None:
+        """A server stores bytes: what the enqueuer, a body or a reader later does to the values
+        it holds never changes what the next attempt receives."""
+        request = jobs.request(input={"items": [1]})
+        await jobs.driver.enqueue(request)
+        request.input["items"].append("changed by the enqueuer")
+        held = await jobs.claim_one()
+        assert held.input == {"items": [1]}
+        held.input["items"].append("changed by the body")
+        row = await jobs.row(held.id)
+        assert row.input == {"items": [1]}
+        row.input["items"].append("changed by a reader")
+        assert (await jobs.lapse_and_reclaim(held)).input == {"items": [1]}
+        assert (await jobs.row(held.id)).input == {"items": [1]}

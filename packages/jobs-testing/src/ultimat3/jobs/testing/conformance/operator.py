@@ -129,6 +129,14 @@ class OperatorRules:
         await jobs.introspect.requeue(held.id, from_step="b")
         assert set((await jobs.claim_one(held.queue)).steps) == {"a"}
 
+    async def test_requeue_from_a_step_goes_by_start_order_not_by_name(
+        self, jobs: Conformance
+    ) -> None:
+        held = await _with_steps(jobs, ["d", "c", "b", "a"])
+        assert await jobs.nack(held, dead_letter=True)
+        await jobs.introspect.requeue(held.id, from_step="c")
+        assert set((await jobs.claim_one(held.queue)).steps) == {"d"}
+
     async def test_requeue_from_an_unknown_step_is_not_found(self, jobs: Conformance) -> None:
         held = await _with_steps(jobs, ["a"])
         assert await jobs.nack(held, dead_letter=True)
@@ -196,6 +204,19 @@ class OperatorRules:
         assert not await jobs.introspect.record_progress(held.id, held.claim, Progress(1, 2))
         row = await jobs.row(held.id)
         assert (row.state, row.progress) == (JobState.CANCELLED, None)
+
+    async def test_a_cancelled_running_row_is_not_handed_out_when_its_lease_lapses(
+        self, jobs: Conformance
+    ) -> None:
+        held = await jobs.running()
+        row = await jobs.introspect.cancel(held.id, "runaway")
+        assert row is not None
+        assert (row.state, row.worker_id, row.lease_until) == (JobState.CANCELLED, None, None)
+        jobs.clock.set(held.lease_until)
+        jobs.advance(1)
+        batch = await jobs.claim(held.queue, 10)
+        assert (list(batch.jobs), list(batch.exhausted)) == ([], [])
+        assert (await jobs.row(held.id)).state is JobState.CANCELLED
 
     async def test_cancel_of_a_finished_row_answers_none_and_leaves_it(
         self, jobs: Conformance

@@ -124,3 +124,15 @@ class StepRules:
             assert await jobs.driver.save_step(held.id, held.claim, held.run_id, step)
         detail = await jobs.detail(held.id)
         assert [step.name for step in detail.steps] == ["provision", "email", "charge"]
+
+    async def test_a_replayed_step_is_the_one_saved_whatever_its_readers_did(
+        self, jobs: Conformance
+    ) -> None:
+        held = await jobs.running()
+        step = StepRecord("a", 0, {"v": [1]})
+        assert await jobs.driver.save_step(held.id, held.claim, held.run_id, step)
+        step.output["v"].append("changed by the body")
+        (read,) = (await jobs.detail(held.id)).steps
+        read.output["v"].append("changed by a reader")
+        again = await jobs.lapse_and_reclaim(held)
+        assert again.steps["a"].output == {"v": [1]}
