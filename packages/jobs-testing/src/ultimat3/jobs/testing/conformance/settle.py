@@ -99,6 +99,15 @@ class SettleRules:
         jobs.clock.set(held.lease_until + timedelta(seconds=60))
         assert await jobs.ack(held)
 
+    async def test_a_lapsed_lease_is_still_renewed_until_another_claim_takes_the_row(
+        self, jobs: Conformance
+    ) -> None:
+        held = await jobs.running()
+        jobs.clock.set(held.lease_until + timedelta(seconds=60))
+        assert await jobs.driver.heartbeat(held.id, held.claim, 30)
+        assert await jobs.claimed_ids(held.queue, worker="w2") == []
+        assert (await jobs.row(held.id)).lease_until == jobs.at(30)
+
     async def test_nack_under_a_stale_claim_answers_false_and_changes_nothing(
         self, jobs: Conformance
     ) -> None:
