@@ -293,7 +293,12 @@ class LeaseStore(Protocol):
 
 @runtime_checkable
 class BackfillLedger(Protocol):
-    """One row per backfill pass: what has already been swept."""
+    """One row per backfill pass: what has already been swept.
+
+    Passes have ONE total order, newest first: by ``started_at``, and among passes with the same
+    ``started_at`` (a coarse or frozen clock) by the order their first ``begin`` was recorded,
+    the later first. Run ids are no tiebreak (a caller may choose its own); an adopting ``begin``
+    keeps a pass's place. ``latest`` and ``list`` both answer in this order."""
 
     async def begin(
         self, *, name: str, run_id: str, checksum: str, app_version: str | None = None
@@ -310,12 +315,14 @@ class BackfillLedger(Protocol):
     async def fail(self, run_id: str, error: str) -> None: ...
 
     async def latest(self, name: str) -> BackfillRow | None:
-        """The newest pass under ``name``, in any status."""
+        """The newest pass under ``name``, in any status: ``list(name=name)[0]``."""
         ...
 
     async def list(
         self, *, name: str | None = None, status: str | None = None, limit: int = 100
-    ) -> builtins.list[BackfillRow]: ...
+    ) -> builtins.list[BackfillRow]:
+        """Up to ``limit`` passes, newest first in the ledger's order."""
+        ...
 
 
 @runtime_checkable

@@ -46,20 +46,22 @@ update x_backfills set status = 'failed', error = %(error)s where run_id = %(run
 """
 
 SQL_BACKFILL_LATEST = """
--- Parameters: name. The newest pass under the name, in any status.
+-- Parameters: name. The newest pass under the name, in any status: the first row SQL_BACKFILL_LIST
+-- answers for the name, by the same total order (begin_order is unique, so no two rows tie).
 select name, run_id, checksum, status, app_version, rows, cursor, started_at, completed_at, error
 from x_backfills
 where name = %(name)s
-order by started_at desc
+order by started_at desc, begin_order desc
 limit 1
 """
 
 SQL_BACKFILL_LIST = """
--- Parameters: name, status (NULL = any), max_rows. Newest first.
+-- Parameters: name, status (NULL = any), max_rows. Newest first: by started_at, then the pass
+-- begun last (begin_order), so passes that began at one instant come in one order every read.
 select name, run_id, checksum, status, app_version, rows, cursor, started_at, completed_at, error
 from x_backfills
 where (%(name)s::text is null or name = %(name)s)
   and (%(status)s::text is null or status = %(status)s)
-order by started_at desc
+order by started_at desc, begin_order desc
 limit %(max_rows)s
 """

@@ -237,7 +237,17 @@ create table if not exists x_backfills (
     error        text
 );
 
-create index if not exists x_backfills_name_idx on x_backfills (name, started_at desc);
+-- The order passes began in: passes that share a started_at (a coarse or frozen clock) are newest
+-- by the one begun last, where a run id, which the caller may choose, says nothing. An adopting
+-- begin keeps a pass's place. Added after the table, for databases made before it; the rows stored
+-- then are numbered in the order the table is read, as their ties were never ordered before.
+alter table x_backfills add column if not exists begin_order bigserial;
+
+-- The newest pass of a name is the first row read (latest, list by name). (x_backfills_name_idx,
+-- on (name, started_at desc) alone, was the first definition, dropped here.)
+drop index if exists x_backfills_name_idx;
+create index if not exists x_backfills_newest_idx
+    on x_backfills (name, started_at desc, begin_order desc);
 
 -- Events a step.wait_for_event can match; stamped with the database's clock.
 create table if not exists x_job_events (

@@ -1,6 +1,6 @@
 """The backfill ledger on Redis: one hash per pass (``backfill:<run id>``), ordered by the
-``backfills`` set in the order passes began. A ledger row is a report kept like a migration
-record: one per pass, never expired."""
+``backfills`` set in the order passes began (an adopting begin keeps a pass's place). A ledger
+row is a report kept like a migration record: one per pass, never expired."""
 
 from __future__ import annotations
 
@@ -56,18 +56,22 @@ class RedisBackfillLedger:
         await self._ns.call("backfill", "update", run_id, "0", "status", "failed", "error", error)
 
     async def _all(self) -> builtins.list[BackfillRow]:
-        """Every pass, in the order they began (the ledger is one row per pass: small)."""
-        runs = cast(list[str], await self._ns.client.zrange(self._ns.key("backfills"), 0, -1))
+        """Every pass, the last begun first (the ledger is one row per pass: small)."""
+        runs = cast(
+            list[str], await self._ns.client.zrange(self._ns.key("backfills"), 0, -1, desc=True)
+        )
         rows = await self._ns.hashes([f"backfill:{run_id}" for run_id in runs])
         return [_read(row) for row in rows if row]
 
     async def latest(self, name: str) -> BackfillRow | None:
-        rows = sorted((row for row in await self._all() if row.name == name), key=_started)
-        return rows[-1] if rows else None
+        rows = await self.list(name=name, limit=1)
+        return rows[0] if rows else None
 
     async def list(
         self, *, name: str | None = None, status: str | None = None, limit: int = 100
     ) -> builtins.list[BackfillRow]:
+        """Newest first by ``started_at``, ties the last begun first: the stable sort keeps the
+        ``backfills`` order among passes that began at one instant."""
         rows = [
             row
             for row in await self._all()

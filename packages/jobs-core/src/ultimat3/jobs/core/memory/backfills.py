@@ -52,17 +52,18 @@ class MemoryBackfillLedger:
             self._rows[run_id] = replace(held, status="failed", error=error)
 
     async def latest(self, name: str) -> BackfillRow | None:
-        rows = sorted(
-            (row for row in self._rows.values() if row.name == name), key=lambda r: r.started_at
-        )
-        return rows[-1] if rows else None
+        rows = await self.list(name=name, limit=1)
+        return rows[0] if rows else None
 
     async def list(
         self, *, name: str | None = None, status: str | None = None, limit: int = 100
     ) -> list[BackfillRow]:
+        """Newest first by ``started_at``, ties newest begun first: the dict keeps the order
+        passes began (an adopting begin reassigns its key in place), so the stable sort of its
+        reversal puts a later pass ahead of an earlier one it ties with."""
         rows = [
             row
-            for row in self._rows.values()
+            for row in reversed(self._rows.values())
             if (name is None or row.name == name) and (status is None or row.status == status)
         ]
         return sorted(rows, key=lambda row: row.started_at, reverse=True)[:limit]

@@ -119,3 +119,24 @@ class BackfillRules:
         assert [r.run_id for r in await ledger.list(name="a")] == ["r4", "r3", "r1"]
         assert [r.run_id for r in await ledger.list(status="running")] == ["r4", "r2", "r1"]
         assert [r.run_id for r in await ledger.list(name="a", limit=2)] == ["r4", "r3"]
+
+    async def test_passes_begun_at_one_instant_are_newest_first_in_the_order_they_began(
+        self, jobs: Conformance
+    ) -> None:
+        """Under a frozen clock passes share ``started_at``: the pass begun last is the newest,
+        whatever its run id sorts as, so ``latest`` is the first row ``list`` answers."""
+        ledger = jobs.backfills
+        await ledger.begin(name="b", run_id="run-m", checksum="c")
+        jobs.advance(1)
+        for run_id in ("run-z", "run-a", "run-q"):
+            await ledger.begin(name="b", run_id=run_id, checksum="c")
+        await ledger.begin(name="other", run_id="run-o", checksum="c")
+        await ledger.fail("run-z", "boom")
+        await ledger.begin(name="b", run_id="run-z", checksum="c")  # adopted: it keeps its place
+        newest_first = ["run-q", "run-a", "run-z", "run-m"]
+        assert [r.run_id for r in await ledger.list(name="b")] == newest_first
+        assert [r.run_id for r in await ledger.list(name="b", limit=2)] == newest_first[:2]
+        assert [r.run_id for r in await ledger.list()] == ["run-o", *newest_first]
+        latest = await ledger.latest("b")
+        assert latest is not None
+        assert latest.run_id == "run-q"
