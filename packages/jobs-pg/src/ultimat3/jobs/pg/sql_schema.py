@@ -240,8 +240,17 @@ create table if not exists x_backfills (
 -- The order passes began in: passes that share a started_at (a coarse or frozen clock) are newest
 -- by the one begun last, where a run id, which the caller may choose, says nothing. An adopting
 -- begin keeps a pass's place. Added after the table, for databases made before it; the rows stored
--- then are numbered in the order the table is read, as their ties were never ordered before.
-alter table x_backfills add column if not exists begin_order bigserial;
+-- then are numbered in the order the table is read, as their ties were never ordered before. (Not
+-- as `add column if not exists ... bigserial`: some releases make its sequence even when the
+-- column exists, one more each install.)
+create sequence if not exists x_backfills_begin_order_seq;
+alter table x_backfills add column if not exists begin_order bigint;
+alter table x_backfills
+    alter column begin_order set default nextval('x_backfills_begin_order_seq');
+update x_backfills set begin_order = nextval('x_backfills_begin_order_seq')
+where begin_order is null;
+alter table x_backfills alter column begin_order set not null;
+alter sequence x_backfills_begin_order_seq owned by x_backfills.begin_order;
 
 -- The newest pass of a name is the first row read (latest, list by name). (x_backfills_name_idx,
 -- on (name, started_at desc) alone, was the first definition, dropped here.)
