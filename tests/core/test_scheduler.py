@@ -509,6 +509,40 @@ async def test_an_occurrence_whose_entries_raise_is_logged_and_passed_over(
     assert len(invalid) == 1
 
 
+class ArmFails(MemorySchedulerState):
+    """The memory state, whose arm fails for one task once ``failing`` names it."""
+
+    failing: str | None = None
+
+    async def arm(self, task: str, occurrence_ms: int) -> None:
+        if task == self.failing:
+            raise ConnectionError("the state went away")
+        await super().arm(task, occurrence_ms)
+
+
+async def test_a_task_whose_dispatch_fails_holds_back_none_of_the_tasks_after_it(
+    driver: MemoryJobDriver, clock: FrozenClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(occurrence: int) -> list[tuple[Any, Tick]]:
+        raise ValueError("no entries today")
+
+    first = task(cron="0 * * * *", tz="UTC", enqueue=broken, name="scheduler-arm-fails")
+    state = ArmFails(driver)
+    scheduler = job_scheduler(
+        driver=driver, tasks=[first, hourly()], clock=clock, state=state, leader=None
+    )
+    await scheduler.run_once()
+    state.failing = "scheduler-arm-fails"  # passing its occurrence over fails now, in the round
+    clock.set(hour(1))
+    with caplog.at_level(logging.ERROR, logger="ultimat3.jobs"):
+        assert [fire.occurrence_ms for fire in await scheduler.run_once()] == [
+            occurrence_ms(hour(1))
+        ]
+    failed = [r for r in caplog.records if getattr(r, "event", "") == "jobs.scheduler.tick-failed"]
+    assert [getattr(r, "jobs", {}).get("task") for r in failed] == ["scheduler-arm-fails"]
+    assert await fired(driver) == [hour(1)]
+
+
 async def test_a_fire_asks_each_jobs_concurrency_key_as_an_enqueue_does(
     driver: MemoryJobDriver, clock: FrozenClock, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -21,7 +21,19 @@ async def send_digest_for_tasks(*, input: Day) -> None:
 
 
 @pytest.mark.parametrize(
-    "tz", ["Bogota", "", "UTC+5", "Mars/Olympus", "localtime", "Factory", "posixrules"]
+    "tz",
+    [
+        "Bogota",
+        "",
+        "UTC+5",
+        "Mars/Olympus",
+        "localtime",
+        "Factory",
+        "posixrules",
+        "right/Europe/Paris",
+        "right/UTC",
+        "posix/Europe/Paris",
+    ],
 )
 def test_a_tz_that_is_not_an_iana_zone_is_refused(tz: str) -> None:
     with pytest.raises(JobDeclarationInvalidError, match="tz"):
@@ -40,6 +52,56 @@ def test_a_cron_naming_a_date_that_never_comes_is_refused_where_it_is_declared(
     """It parses, and would stop the scheduler's every round when it looked for the next fire."""
     with pytest.raises(JobDeclarationInvalidError, match="never comes"):
         task(cron=cron, tz="UTC", enqueue=list)
+
+
+@pytest.mark.parametrize("cron", ["R * * * *", "H * * * *", "0 H/4 * * *", "H(0-29) 3 * * *"])
+def test_a_cron_that_picks_a_random_or_hashed_value_is_refused(cron: str) -> None:
+    """Every computation of its next occurrence would pick its own minute: two nodes, or two
+    rounds, would not agree on the instant that names the occurrence."""
+    with pytest.raises(JobDeclarationInvalidError, match="random or hashed") as caught:
+        task(cron=cron, tz="UTC", enqueue=list)
+    assert caught.value.code == "X_JOB_DECLARATION_INVALID"
+
+
+@pytest.mark.parametrize("cron", ["0 9 * * THU", "0 9 1 MAR *", "0 9 * * MON-FRI"])
+def test_day_and_month_names_are_not_taken_for_hashed_values(cron: str) -> None:
+    assert task(cron=cron, tz="UTC", enqueue=list).cron == cron
+
+
+def _keyword_only(*, day: int) -> list[object]:
+    return []
+
+
+def _two_positional(occurrence: int, other: int) -> list[object]:
+    return []
+
+
+@pytest.mark.parametrize("enqueue", [_keyword_only, _two_positional])
+def test_an_enqueue_that_takes_neither_the_occurrence_nor_nothing_is_refused(
+    enqueue: object,
+) -> None:
+    """Every describe() and every fire would raise TypeError, and each occurrence be passed over."""
+    with pytest.raises(JobDeclarationInvalidError, match="must take the occurrence") as caught:
+        task(cron="0 3 * * *", tz="UTC", enqueue=enqueue)  # type: ignore[call-overload]
+    assert caught.value.code == "X_JOB_DECLARATION_INVALID"
+
+
+def _optional_occurrence(occurrence: int = 0) -> list[tuple[object, Day]]:
+    return [(send_digest_for_tasks, Day(str(occurrence)))]
+
+
+def _optional_keyword(*, occurrence: int = 0) -> list[tuple[object, Day]]:
+    return [(send_digest_for_tasks, Day(str(occurrence)))]
+
+
+def test_an_enqueue_that_may_take_the_occurrence_is_handed_it() -> None:
+    declared = task(cron="0 3 * * *", tz="UTC", enqueue=_optional_occurrence)  # type: ignore[arg-type]
+    assert declared.entries(7) == [(send_digest_for_tasks, Day("7"))]
+
+
+def test_an_enqueue_that_cannot_take_it_positionally_is_called_with_nothing() -> None:
+    declared = task(cron="0 3 * * *", tz="UTC", enqueue=_optional_keyword)  # type: ignore[arg-type]
+    assert declared.entries(7) == [(send_digest_for_tasks, Day("0"))]
 
 
 @pytest.mark.parametrize("cron", ["0 3 * * * *", "*/10 * * * * *", "0 0 3 * * * 2027"])

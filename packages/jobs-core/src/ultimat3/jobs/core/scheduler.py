@@ -265,7 +265,12 @@ class JobScheduler:
             if task.name in paused:
                 self._due[task.name] = now + timedelta(seconds=PAUSE_RECHECK_S)
                 continue
-            fires.extend(await self._dispatch(task, now))
+            try:
+                fires.extend(await self._dispatch(task, now))
+            except Exception as exc:  # one task's failure must not hold back the ones after it
+                log_event(
+                    logging.ERROR, "jobs.scheduler.tick-failed", task=task.name, error=repr(exc)
+                )
         return fires
 
     async def _lead(self, now: datetime) -> bool:
@@ -331,13 +336,13 @@ class JobScheduler:
                 after = occurrence
         else:
             latest = latest_occurrence(task.cron, task.zone, after, now)
-            assert latest is not None  # the task is due, so one occurrence is
-            earliest = latest
-            if task.catch_up == "run-once":
-                earliest = next_occurrence(task.cron, task.zone, after)
-            fired = await self._fire(task, earliest, latest)
-            if fired is not None:
-                fires.append(fired)
+            if latest is not None:  # always, as the task is due; none leaves it to its next
+                earliest = latest
+                if task.catch_up == "run-once":
+                    earliest = next_occurrence(task.cron, task.zone, after)
+                fired = await self._fire(task, earliest, latest)
+                if fired is not None:
+                    fires.append(fired)
         self._due[task.name] = self._next_after(task, self._marks[task.name])
         return fires
 

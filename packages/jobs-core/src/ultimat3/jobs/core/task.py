@@ -92,7 +92,7 @@ class TaskHandle(registry.Declared):
             )
         self.max_catch_up = max_catch_up
         self._enqueue = enqueue
-        self._takes_occurrence = bool(inspect.signature(enqueue).parameters)
+        self._takes_occurrence = _takes_occurrence(enqueue)
         self._declare(enqueue, name)
 
     def __repr__(self) -> str:
@@ -149,6 +149,33 @@ _HOST_ZONES = frozenset({"localtime", "Factory", "posixrules"})
 """Names in the zone database that stand for a host's own setting or for none: two hosts would
 compute different instants, and so different occurrences, for one task."""
 
+_HOST_ZONE_TREES = ("right/", "posix/")
+"""Copies of the zone database some hosts install beside it: ``right/`` counts leap seconds (its
+clock changes fall 27 s off the civil ones), and a host relying on the ``tzdata`` package has
+neither, so the same task would name different instants, or none, from host to host."""
+
+_UNSTABLE_FIELDS = ("R", "H")
+"""croniter's random (``R``) and hashed (``H``) field values: each parser instance picks its own
+minute, so two computations of one task's next occurrence (two nodes, two rounds) disagree, and
+an occurrence's instant is its identity."""
+
+
+def _takes_occurrence(enqueue: EnqueueFn) -> bool:
+    """Whether ``enqueue`` is called with the occurrence (``fn(occurrence_ms)``) or without it;
+    a function that can be called neither way is refused where it is declared."""
+    signature = inspect.signature(enqueue)
+    for arguments, takes in (((0,), True), ((), False)):
+        try:
+            signature.bind(*arguments)
+        except TypeError:
+            continue
+        return takes
+    raise JobDeclarationInvalidError(
+        f"task enqueue {enqueue!r} must take the occurrence (fn(occurrence_ms)) or nothing "
+        f"(fn()), got the signature {signature}",
+        meta={"field": "enqueue"},
+    )
+
 
 def _check_cron(cron: Any) -> str:
     if not isinstance(cron, str) or not cron.strip():
@@ -157,6 +184,13 @@ def _check_cron(cron: Any) -> str:
         raise JobDeclarationInvalidError(
             f"cron {cron!r} must have five fields: minute hour day-of-month month weekday "
             "(a sixth field would be read as seconds by one parser and years by another)",
+            meta={"field": "cron"},
+        )
+    if any(_unstable(field) for field in cron.split()):
+        raise JobDeclarationInvalidError(
+            f"cron {cron!r} picks a random or hashed value ('R', 'H'): every computation of the "
+            "next occurrence would pick its own, so two nodes would fire at different instants. "
+            "Name the minute (e.g. '17 * * * *')",
             meta={"field": "cron"},
         )
     croniter = croniter_module()
@@ -169,6 +203,16 @@ def _check_cron(cron: Any) -> str:
             f"cron {cron!r} names a date that never comes", meta={"field": "cron"}
         )
     return cron
+
+
+def _unstable(field: str) -> bool:
+    """Whether one field of an expression holds a random or hashed value (``R``, ``H``, ``H/15``,
+    ``H(0-29)``); day and month names (``THU``, ``MAR``) are not such values."""
+    for value in field.upper().split(","):
+        base = value.split("/")[0].split("(")[0]
+        if base in _UNSTABLE_FIELDS:
+            return True
+    return False
 
 
 def _ever_comes(croniter: Any, cron: str) -> bool:
@@ -187,8 +231,8 @@ def _check_tz(tz: Any) -> str:
             meta={"field": "tz"},
         )
     try:
-        if tz in _HOST_ZONES:
-            raise ValueError(f"{tz!r} names no zone of its own")
+        if tz in _HOST_ZONES or tz.startswith(_HOST_ZONE_TREES):
+            raise ValueError(f"{tz!r} names no zone every host computes alike")
         ZoneInfo(tz)
     except (ZoneInfoNotFoundError, ValueError) as exc:
         raise JobDeclarationInvalidError(
