@@ -27,12 +27,19 @@ from __future__ import annotations
 
 import math
 from datetime import UTC, datetime, timedelta
+from typing import Any
 from zoneinfo import ZoneInfo
 
 from .clock import utc
-from .task import croniter_module
+from .errors import CronUnavailableError
 
-__all__ = ["instant_of", "latest_occurrence", "next_occurrence", "occurrence_ms"]
+__all__ = [
+    "croniter_module",
+    "instant_of",
+    "latest_occurrence",
+    "next_occurrence",
+    "occurrence_ms",
+]
 
 _MS = timedelta(milliseconds=1)
 
@@ -40,6 +47,17 @@ _MS = timedelta(milliseconds=1)
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _REPEAT_MAX = timedelta(hours=3)
 """Longer than any autumn shift of a zone's clocks (an hour nearly everywhere)."""
+
+
+def croniter_module() -> Any:
+    """croniter, which task() needs, or a clear error naming the extra that brings it."""
+    try:
+        import croniter
+    except ImportError as exc:  # pragma: no cover - exercised only without the extra
+        raise CronUnavailableError(
+            "task() needs croniter: pip install 'ultimat3-jobs-core[cron]'"
+        ) from exc
+    return croniter
 
 
 def occurrence_ms(instant: datetime) -> int:

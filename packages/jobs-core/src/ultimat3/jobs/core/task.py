@@ -8,7 +8,6 @@ cheap. Work that reads the database (one job per row) is a fan-out JOB the task 
 from __future__ import annotations
 
 import inspect
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -18,7 +17,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from . import registry
 from .clock import Clock
 from .constants import MAX_CATCH_UP
-from .errors import CronUnavailableError, JobDeclarationInvalidError
+from .cron import croniter_module, occurrence_ms
+from .errors import JobDeclarationInvalidError
 from .facade import enqueuer_clock
 from .job import AnyJobHandle, JobHandle
 from .model import Enqueued, EnqueueRequest
@@ -39,17 +39,6 @@ class TaskDescriptor:
     max_catch_up: int
     jobs: Sequence[str]
     kind: Literal["task"] = "task"
-
-
-def croniter_module() -> Any:
-    """croniter, which task() needs, or a clear error naming the extra that brings it."""
-    try:
-        import croniter
-    except ImportError as exc:  # pragma: no cover - exercised only without the extra
-        raise CronUnavailableError(
-            "task() needs croniter: pip install 'ultimat3-jobs-core[cron]'"
-        ) from exc
-    return croniter
 
 
 class TaskHandle(registry.Declared):
@@ -127,8 +116,7 @@ class TaskHandle(registry.Declared):
 
     async def enqueue(self) -> list[Enqueued]:
         """Fire every declared entry now, under each job's own idempotency key."""
-        clock = enqueuer_clock()
-        now_ms = math.floor(clock.now().timestamp() * 1000)
+        now_ms = occurrence_ms(enqueuer_clock().now())
         return [await handle.enqueue(value) for handle, value in self.entries(now_ms)]
 
     def describe(self) -> TaskDescriptor:
