@@ -1,8 +1,9 @@
 """The scheduler's state and leader on Redis, so a deployment on Redis needs no database.
 
-``RedisSchedulerState``: per-task watermarks in one hash; a fire moves the watermark AND inserts
-its rows in one script (``lua/scheduler.lua``), so a crash between the two cannot fire an
-occurrence twice, and two nodes racing for one occurrence fire it once.
+``RedisSchedulerState``: per-task watermarks in one hash; a fire moves the watermark, inserts its
+rows and records the fire in one script (``lua/scheduler.lua``), so a crash between them cannot
+fire an occurrence twice or leave it unrecorded, and two nodes racing for one occurrence fire it
+once.
 
 ``redis_lease_leader``: leadership is a one-slot lease in the driver's lease store (core's
 ``lease_store_leader``), renewed by every ``acquire()`` — which the scheduler calls every third of
@@ -37,9 +38,9 @@ renewals is still the leader."""
 
 @reports_unavailable
 class RedisSchedulerState:
-    records_fires = False
-    """The fire script keeps no fire record; the scheduler writes it through the operator
-    surface (``record_task_fire``), as for any state without one."""
+    records_fires = True
+    """The fire script records the fire (``task_fires``) in the call that inserts its rows, so
+    a crash between the two cannot leave a fire unrecorded."""
 
     def __init__(self, ns: Namespace) -> None:
         self._ns = ns
@@ -70,6 +71,7 @@ class RedisSchedulerState:
             task,
             str(occurrence_ms),
             "" if previous is None else str(previous),
+            str(occurrence_ms if fired_ms is None else fired_ms),
             str(len(requests)),
             *request_args(requests),
         )

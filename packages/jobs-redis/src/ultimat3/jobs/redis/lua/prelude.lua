@@ -342,3 +342,14 @@ local function insert_row(a)
   end
   return {id, run, 0}
 end
+
+-- Record that `task`'s occurrence (ms, a string) dispatched, fired now; an older occurrence
+-- never overwrites a newer one. The record is "<occurrence> <fired_at>". Answers 1, or 0 when a
+-- newer occurrence is recorded already.
+local K_FIRES = B .. 'taskfires'
+local function record_fire(task, occurrence)
+  local held = redis.call('HGET', K_FIRES, task)
+  if held and tonumber(string.match(held, '^(%-?%d+) ')) > tonumber(occurrence) then return 0 end
+  redis.call('HSET', K_FIRES, task, occurrence .. ' ' .. NOW)
+  return 1
+end

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
+
 from ultimat3.jobs.core import Enqueued
+from ultimat3.jobs.core.model import TaskFire
 
 from .target import Conformance
 
@@ -50,6 +53,26 @@ class SchedulerRules:
         assert stale is None
         assert await state.watermarks(["nightly"]) == {"nightly": 2 * _HOUR_MS}
         assert await jobs.driver.stats() == []
+
+    async def test_a_state_that_records_its_fires_records_each_one_it_makes(
+        self, jobs: Conformance
+    ) -> None:
+        """In the operation that fires: a crash between the two must not leave a fire the
+        operator surface never heard of. A refused fire records nothing."""
+        state = jobs.scheduler_state
+        if not state.records_fires:
+            pytest.skip("this state leaves the fire records to the scheduler")
+        await state.arm("nightly", _HOUR_MS)
+        assert await state.fire(
+            "nightly", 3 * _HOUR_MS, [jobs.request()], previous=_HOUR_MS, fired_ms=2 * _HOUR_MS
+        )
+        recorded = [TaskFire("nightly", 2 * _HOUR_MS, jobs.now())]
+        assert await jobs.introspect.task_fires() == recorded
+        jobs.advance(60)
+        assert (
+            await state.fire("nightly", 4 * _HOUR_MS, [jobs.request()], previous=_HOUR_MS) is None
+        )
+        assert await jobs.introspect.task_fires() == recorded
 
     async def test_a_second_first_fire_does_nothing(self, jobs: Conformance) -> None:
         state = jobs.scheduler_state
