@@ -144,7 +144,7 @@ neither, so the same task would name different instants, or none, from host to h
 
 _UNSTABLE_FIELDS = ("R", "H")
 """croniter's random (``R``) and hashed (``H``) field values: each parser instance picks its own
-minute, so two computations of one task's next occurrence (two nodes, two rounds) disagree, and
+value, so two computations of one task's next occurrence (two nodes, two rounds) disagree, and
 an occurrence's instant is its identity."""
 
 
