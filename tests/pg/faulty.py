@@ -4,6 +4,7 @@
 the answer is read — what a server restart or a terminated backend does to a statement that just
 committed. ``Faults.fail_before_sending(n)``: the next ``n`` statements find their connection
 dropped before they are sent, so they never run — and their caller cannot tell the two apart.
+``Faults.deadlock(n)``: the next ``n`` statements are refused as deadlock victims, unsent.
 ``Faults.abandon_next(once_blocked)``: the next statement is sent whole, and once
 ``once_blocked()`` returns its connection dies on the client's side only, while the server goes
 on with it and commits it when it can. Every error the server raised is kept in
@@ -31,6 +32,7 @@ __all__ = ["Faults", "faulty_pool"]
 class Faults:
     answers_to_lose: int = 0
     sends_to_fail: int = 0
+    deadlocks: int = 0
     abandon: Callable[[], Awaitable[None]] | None = None
     errors: list[Exception] = field(default_factory=list)
 
@@ -39,6 +41,9 @@ class Faults:
 
     def fail_before_sending(self, count: int = 1) -> None:
         self.sends_to_fail = count
+
+    def deadlock(self, count: int = 1) -> None:
+        self.deadlocks = count
 
     def abandon_next(self, once_blocked: Callable[[], Awaitable[None]]) -> None:
         self.abandon = once_blocked
@@ -58,6 +63,9 @@ class Faults:
                         sock.shutdown(socket.SHUT_RDWR)
                     await running  # the client reads the end of the stream: OperationalError
                     return self
+                if faults.deadlocks > 0:
+                    faults.deadlocks -= 1
+                    raise psycopg.errors.DeadlockDetected("deadlock detected")
                 if faults.sends_to_fail > 0:
                     faults.sends_to_fail -= 1
                     await self.connection.close()

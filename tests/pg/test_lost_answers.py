@@ -28,7 +28,7 @@ from ultimat3.jobs.pg import (
     postgres_job_driver,
     postgres_outbox_store,
 )
-from ultimat3.jobs.pg.sql_claim import SQL_CLAIM_HELD
+from ultimat3.jobs.pg.sql_claim import SQL_CLAIM_FLUSH, SQL_CLAIM_HELD
 
 pytestmark = pytest.mark.pg
 
@@ -235,26 +235,71 @@ async def test_the_burials_of_a_claim_that_commits_late_are_told_without_waiting
     assert not batch.exhausted  # told once
 
 
+def fail_once(driver: PostgresJobDriver, statement: str) -> None:
+    """The driver's next ``statement`` fails as if the server had gone away."""
+    fetch = driver.executor.fetch
+
+    async def failing(query: str, *args: Any, **kwargs: Any) -> Any:
+        if query == statement:
+            driver.executor.fetch = fetch  # type: ignore[method-assign]
+            raise DriverUnavailableError("the server went away")
+        return await fetch(query, *args, **kwargs)
+
+    driver.executor.fetch = failing  # type: ignore[method-assign]
+
+
 async def test_a_claim_whose_read_back_failed_too_is_answered_by_the_next_claim(
     lossy: PostgresJobDriver, faults: Faults, clock: FrozenClock
 ) -> None:
     """The claim committed and its answer was lost, then its read-back failed (the server went
     away): the claim fails, and the next one answers the rows it took."""
     await lossy.enqueue(request(clock, max_attempts=1))
-    fetch = lossy.executor.fetch
-
-    async def read_back_fails(query: str, *args: Any, **kwargs: Any) -> Any:
-        if query == SQL_CLAIM_HELD:
-            lossy.executor.fetch = fetch  # type: ignore[method-assign]
-            raise DriverUnavailableError("the server went away")
-        return await fetch(query, *args, **kwargs)
-
-    lossy.executor.fetch = read_back_fails  # type: ignore[method-assign]
+    fail_once(lossy, SQL_CLAIM_HELD)
     faults.lose_answers()
     with pytest.raises(DriverUnavailableError, match="went away"):
         await lossy.claim(worker_id="w", slots={"q": 1}, visibility_timeout=30)
     batch = await lossy.claim(worker_id="w", slots={"q": 1}, visibility_timeout=30)
     assert [job.input for job in batch.jobs] == [{"n": 0}]
+
+
+async def test_a_claim_whose_burials_failed_to_flush_is_answered_by_the_next_claim(
+    lossy: PostgresJobDriver, clock: FrozenClock
+) -> None:
+    """The claim committed, taking one row and burying another, then making its burials
+    durable failed: the claim fails, and the next one answers both rows, not leaving the one
+    it took to lapse unrun nor the burial untold."""
+    final, second = request(clock, 0, max_attempts=1), request(clock, 1, max_attempts=2)
+    await lossy.enqueue_many([final, second])
+    await lossy.claim(worker_id="died", slots={"q": 2}, visibility_timeout=10)
+    clock.advance(11)
+    fail_once(lossy, SQL_CLAIM_FLUSH)
+    with pytest.raises(DriverUnavailableError, match="went away"):
+        await lossy.claim(worker_id="w", slots={"q": 2}, visibility_timeout=30)
+    batch = await lossy.claim(worker_id="w", slots={"q": 2}, visibility_timeout=30)
+    assert [job.id for job in batch.jobs] == [second.id]
+    assert [row.id for row in batch.exhausted] == [final.id]
+
+
+async def test_a_late_answer_that_failed_is_given_again_at_the_next_look(
+    lossy: PostgresJobDriver, faults: Faults, clock: FrozenClock
+) -> None:
+    """A lost claim is found at a later claim, which fails to answer it (its burials could not
+    be made durable): the look after that answers the same rows."""
+    final, second = request(clock, 0, max_attempts=1), request(clock, 1, max_attempts=2)
+    await lossy.enqueue_many([final, second])
+    await lossy.claim(worker_id="died", slots={"q": 2}, visibility_timeout=10)
+    clock.advance(11)
+    fail_once(lossy, SQL_CLAIM_HELD)
+    faults.lose_answers()
+    with pytest.raises(DriverUnavailableError, match="went away"):
+        await lossy.claim(worker_id="w", slots={"q": 2}, visibility_timeout=30)
+    fail_once(lossy, SQL_CLAIM_FLUSH)
+    with pytest.raises(DriverUnavailableError, match="went away"):
+        await lossy.claim(worker_id="w", slots={"q": 2}, visibility_timeout=30)
+    clock.advance(1)
+    batch = await lossy.claim(worker_id="w", slots={"q": 2}, visibility_timeout=30)
+    assert [job.id for job in batch.jobs] == [second.id]
+    assert [row.id for row in batch.exhausted] == [final.id]
 
 
 def count_statements(driver: PostgresJobDriver) -> list[int]:
@@ -287,6 +332,26 @@ async def test_a_lost_claim_is_looked_for_once_a_second_until_its_lease_lapsed(
     statements[0] = 0
     await lossy.claim(worker_id="w", slots={"q": 1}, visibility_timeout=30)
     assert statements[0] == 1
+
+
+async def test_a_claim_run_again_after_a_deadlock_whose_answer_was_lost_is_read_back(
+    lossy: PostgresJobDriver, faults: Faults, clock: FrozenClock
+) -> None:
+    """The claim was a deadlock victim, ran again, and that answer was lost: it is a lost
+    answer like any other, and the rows it took are answered."""
+    await lossy.enqueue(request(clock))
+    faults.deadlock()
+    faults.lose_answers()
+    batch = await lossy.claim(worker_id="w", slots={"q": 1}, visibility_timeout=30)
+    assert [job.input for job in batch.jobs] == [{"n": 0}]
+
+
+async def test_a_read_whose_connection_died_twice_is_driver_unavailable(
+    lossy: PostgresJobDriver, faults: Faults
+) -> None:
+    faults.fail_before_sending(2)
+    with pytest.raises(DriverUnavailableError, match="again when it ran once more"):
+        await lossy.stats()
 
 
 async def test_a_cancel_whose_answer_was_lost_raises_rather_than_answering_not_found(

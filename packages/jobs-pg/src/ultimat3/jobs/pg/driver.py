@@ -271,7 +271,9 @@ class PostgresJobDriver:
         if self._unanswered:
             late = await self._unanswered.taken_late(worker_id, wanted, now)
             if late is not None:
-                return await self._answer_late(late, wanted, worker_id, lease_until)
+                batch = await self._answer_late(late.rows, wanted, worker_id, lease_until)
+                late.told()
+                return batch
         claim = new_id()
         try:
             rows = await self._executor.fetch(
@@ -300,7 +302,19 @@ class PostgresJobDriver:
                         queues=list(wanted),
                         now=now,
                     )
-        await self._flush_burials(rows)
+        try:
+            await self._flush_burials(rows)
+        except BaseException:
+            # The claim committed, and none of it reaches the claimant: a later claim of its
+            # reads it back, as it does a claim whose answer was lost.
+            self._unanswered.remember(
+                worker_id=worker_id,
+                claim=claim,
+                lease_until=lease_until,
+                queues=list(wanted),
+                now=now,
+            )
+            raise
         return _batch(rows, wanted, worker_id, lease_until)
 
     async def _flush_burials(self, rows: builtins.list[tuple[Any, ...]]) -> None:
@@ -319,13 +333,15 @@ class PostgresJobDriver:
     ) -> ClaimBatch:
         """The rows a lost claim committed after its read-back (``unanswered.py``), each that
         runs renewed to ``lease_until`` first: its lease ran from the lost claim's start. A row
-        whose renewal did not land (cancelled meanwhile) is left out."""
+        whose renewal did not land (cancelled meanwhile) is left out. The burials are made
+        durable before the renewals, which move the rows a later look finds by their lease:
+        when either fails, the rows are all still there to be found."""
+        await self._flush_burials(rows)
         running = [row for row in rows if row[0] == "running"]
         renewals = [(row[1], worker_id, row[14], lease_until.isoformat()) for row in running]
         landed = await self._flush_heartbeats(renewals) if renewals else []
         renewed = {row[1] for row, held in zip(running, landed, strict=True) if held}
         kept = [row for row in rows if row[0] != "running" or row[1] in renewed]
-        await self._flush_burials(kept)
         return _batch(kept, wanted, worker_id, lease_until)
 
     async def _claimed_before(

@@ -342,35 +342,41 @@ class PgExecutor:
 
     async def _retrying(self, work: Callable[[_Session], Awaitable[T]], *, idempotent: bool) -> T:
         """``work`` in a session; once more in another when the server rolled it back (nothing
-        was applied), or when its connection died and ``work`` is idempotent.
+        was applied), or when its connection died and ``work`` is idempotent. The second try's
+        failures are told as the first one's are (a lost connection is ``AnswerLostError``
+        under a write, ``DriverUnavailableError`` otherwise), and a rollback is raised.
 
         The error is caught OUTSIDE the session block, so the block exits with it first: in the
         caller's transaction that rolls the savepoint back, and the caller's transaction stays
         usable for the retry and for whatever the caller does next."""
-        used: AsyncConnection[Any] | None = None
-        try:
-            async with self._session() as session:
-                used = session.conn
-                return await work(session)
-        except _ROLLED_BACK:
-            pass  # a deadlock or serialization victim: nothing was applied
-        except _SCHEMA_MISSING as exc:
-            raise _schema_missing(exc) from exc
-        except psycopg.OperationalError as exc:
-            if used is None:  # no connection came: the pool timed out, or could not dial
-                raise DriverUnavailableError(
-                    f"no connection to Postgres came from the pool ({exc}); the server may be "
-                    "down, or every connection busy (pool_max)"
-                ) from exc
-            if not (used.broken or used.closed):
-                raise  # the server refused the statement (a timeout, a cancel): no outage
-            await self._lost(exc, idempotent=idempotent)
-        async with self._session() as session:
-            return await work(session)
+        for retry in (False, True):
+            used: AsyncConnection[Any] | None = None
+            try:
+                async with self._session() as session:
+                    used = session.conn
+                    return await work(session)
+            except _ROLLED_BACK:
+                if retry:
+                    raise
+                # a deadlock or serialization victim: nothing was applied, so it runs again
+            except _SCHEMA_MISSING as exc:
+                raise _schema_missing(exc) from exc
+            except psycopg.OperationalError as exc:
+                if used is None:  # no connection came: the pool timed out, or could not dial
+                    raise DriverUnavailableError(
+                        f"no connection to Postgres came from the pool ({exc}); the server may "
+                        "be down, or every connection busy (pool_max)"
+                    ) from exc
+                if not (used.broken or used.closed):
+                    raise  # the server refused the statement (a timeout, a cancel): no outage
+                await self._lost(exc, idempotent=idempotent, retry=retry)
+        raise AssertionError("unreachable: the second try returns or raises")
 
-    async def _lost(self, error: psycopg.OperationalError, *, idempotent: bool) -> None:
-        """The connection died under a statement: return when the statement may run again on
-        another, raise otherwise."""
+    async def _lost(
+        self, error: psycopg.OperationalError, *, idempotent: bool, retry: bool
+    ) -> None:
+        """The connection died under a statement (on its ``retry``, or its first try): return
+        when the statement may run again on another, raise otherwise."""
         if self._connection is not None:
             raise DriverUnavailableError(
                 f"the connection handed to the driver was lost ({error}); connect again and "
@@ -384,6 +390,11 @@ class PgExecutor:
             raise AnswerLostError(
                 f"the connection to Postgres was lost while a write ran ({error}); it may have "
                 "been applied, so it was not run again — look at the rows before repeating it"
+            ) from error
+        if retry:
+            raise DriverUnavailableError(
+                f"the connection to Postgres was lost under a statement, and again when it ran "
+                f"once more ({error}); the server may be restarting"
             ) from error
 
     async def close(self) -> None:

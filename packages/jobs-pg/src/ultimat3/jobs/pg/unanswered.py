@@ -31,7 +31,7 @@ from ultimat3.jobs.core.logs import log_event
 from .executor import PgExecutor
 from .sql_claim import SQL_CLAIM_HELD
 
-__all__ = ["LOOK_EVERY", "UnansweredClaims"]
+__all__ = ["LOOK_EVERY", "LateAnswer", "UnansweredClaims"]
 
 LOOK_EVERY = timedelta(seconds=1)
 """How often a remembered claim is looked for again."""
@@ -71,11 +71,12 @@ class UnansweredClaims:
 
     async def taken_late(
         self, worker_id: str, wanted: Mapping[str, int], now: datetime
-    ) -> list[tuple[Any, ...]] | None:
+    ) -> LateAnswer | None:
         """The rows (SQL_CLAIM_HELD's) of one of ``worker_id``'s remembered claims that
         committed after all: the ones it took when the queues it asks now (``wanted``) have
         room for them, the ones it buried at once. A claim whose lease lapsed is forgotten:
-        whatever it took is claimable again, by anyone."""
+        whatever it took is claimable again, by anyone. The rows stay owed until the answer's
+        ``told()``: a claimant that failed to take them finds them again at its next look."""
         self._pending = [
             lost for lost in self._pending if lost.lease_until > now and not lost.answered
         ]
@@ -88,12 +89,11 @@ class UnansweredClaims:
                 continue
             running = [row for row in rows if row[0] == "running"]
             answer = [] if lost.burials_told else [row for row in rows if row[0] != "running"]
-            if _room_for(running, wanted):
-                lost.answered = True
+            takes_running = _room_for(running, wanted)
+            if takes_running:
                 answer += running
             if not answer:
                 continue
-            lost.burials_told = True
             log_event(
                 logging.WARNING,
                 "jobs.claim.committed-late",
@@ -101,7 +101,7 @@ class UnansweredClaims:
                 claim=lost.claim,
                 rows=len(answer),
             )
-            return answer
+            return LateAnswer(answer, lost, takes_running)
         return None
 
     async def _look(self, lost: _Unanswered) -> list[tuple[Any, ...]]:
@@ -115,6 +115,21 @@ class UnansweredClaims:
             },
             idempotent=True,
         )
+
+
+@dataclass
+class LateAnswer:
+    """The rows a later claim answers for a remembered one."""
+
+    rows: list[tuple[Any, ...]]
+    _lost: _Unanswered
+    _takes_running: bool
+
+    def told(self) -> None:
+        """The rows reached the claimant: none of them is answered again."""
+        self._lost.burials_told = True
+        if self._takes_running:
+            self._lost.answered = True
 
 
 def _room_for(running: Sequence[Sequence[Any]], wanted: Mapping[str, int]) -> bool:
