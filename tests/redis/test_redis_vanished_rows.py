@@ -108,3 +108,14 @@ async def test_requeue_many_moves_and_counts_rows_whose_key_holder_vanished(
     await _finished_behind_a_vanished_holder(driver, new_request)
     result = await driver.introspect.requeue_many(BulkFilter(state=JobState.DONE))
     assert (result.affected, result.remaining) == (1, 0)
+
+
+async def test_stats_step_over_a_waiting_row_whose_hash_vanished_to_the_oldest_one_left(
+    driver: RedisJobDriver, clock: FrozenClock, new_request: RequestBuilder
+) -> None:
+    gone = await driver.enqueue(new_request())
+    clock.advance(1)
+    await driver.enqueue(new_request())
+    await _vanish(driver, gone.id)
+    (stats,) = await driver.stats()
+    assert stats.oldest_ready_at == clock.now()

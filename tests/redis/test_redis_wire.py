@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
@@ -21,6 +22,7 @@ from redis.exceptions import ConnectionError, ResponseError
 from ultimat3.jobs.core import (
     LEASE_LAPSED_FINAL_ATTEMPT,
     AckOptions,
+    DriverUnavailableError,
     EnqueueRequest,
     FrozenClock,
     JobState,
@@ -354,6 +356,65 @@ async def test_a_claim_whose_reply_was_lost_answers_the_rows_it_buried(
     assert [job.id for job in batch.jobs] == [other.id]
     (stats,) = await relayed.stats()
     assert (stats.dead, stats.running) == (1, 1)
+
+
+def fail_once(driver: RedisJobDriver, script: str, *, run_later: list[tuple[Any, ...]]) -> None:
+    """The driver's next call of ``script`` fails as a lost connection does. Its arguments go
+    to ``run_later`` unsent, unless ``script`` is the read-back ("claimed")."""
+    namespace = driver.namespace
+    call = namespace.call
+
+    async def failing(name: str, *args: Any, **kwargs: Any) -> Any:
+        if name == script:
+            namespace.call = call  # type: ignore[method-assign]
+            run_later.append((name, *args))
+            raise ConnectionError("the connection went away")
+        return await call(name, *args, **kwargs)
+
+    namespace.call = failing  # type: ignore[method-assign]
+
+
+async def test_a_claim_whose_reply_was_lost_and_whose_read_back_failed_is_answered_later(
+    relay: Relay, relayed: RedisJobDriver, new_request: RequestBuilder, clock: FrozenClock
+) -> None:
+    """The claim ran and its reply was lost, then its read-back failed too (the server
+    stalled): the claim fails, and the next one answers its row, its lease renewed to the new
+    claim's, instead of leaving a final attempt to lapse unrun and be buried."""
+    queued = await relayed.enqueue(new_request(max_attempts=1))
+    relay.drop_at_next_reply()
+    fail_once(relayed, "claimed", run_later=[])
+    with pytest.raises(DriverUnavailableError):
+        await relayed.claim(worker_id="w", slots={"q": 1}, visibility_timeout=30)
+    clock.advance(5)
+    (job,) = (await relayed.claim(worker_id="w", slots={"q": 1}, visibility_timeout=30)).jobs
+    assert job.id == queued.id
+    assert job.lease_until == clock.now() + timedelta(seconds=30)
+    detail = await relayed.introspect.get(queued.id)
+    assert detail is not None
+    assert detail.row.lease_until == job.lease_until
+    assert not (await relayed.claim(worker_id="w", slots={"q": 1}, visibility_timeout=30)).jobs
+
+
+async def test_a_claim_that_ran_after_its_read_back_is_answered_by_a_later_claim(
+    relayed: RedisJobDriver, new_request: RequestBuilder, clock: FrozenClock
+) -> None:
+    """The claim was still on its way (a stalled server) when its read-back found nothing; it
+    ran afterwards, taking one row and burying another. The next claim answers both."""
+    final, other = await relayed.enqueue_many([new_request(max_attempts=1), new_request()])
+    await relayed.claim(worker_id="gone", slots={"q": 2}, visibility_timeout=30)
+    clock.advance(31)
+    late: list[tuple[Any, ...]] = []
+    fail_once(relayed, "claim", run_later=late)
+    assert not (await relayed.claim(worker_id="w", slots={"q": 2}, visibility_timeout=30)).jobs
+    (name, *args) = late[0]
+    await relayed.namespace.call(name, *args)  # the claim arrives
+    batch = await relayed.claim(worker_id="w", slots={"q": 2}, visibility_timeout=30)
+    assert [job.id for job in batch.jobs] == [other.id]
+    assert [(row.id, row.state) for row in batch.exhausted] == [(final.id, JobState.DEAD)]
+    clock.advance(1)
+    batch = await relayed.claim(worker_id="w", slots={"q": 2}, visibility_timeout=30)
+    assert not batch.jobs
+    assert not batch.exhausted  # told once
 
 
 async def test_a_final_nack_that_had_not_landed_when_another_claim_buried_the_row_answers_false(

@@ -14,7 +14,7 @@ hundred.
 from __future__ import annotations
 
 import builtins
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from functools import partial
 from operator import itemgetter
@@ -41,6 +41,7 @@ from ultimat3.jobs.core.model import (
 )
 from ultimat3.jobs.core.nack import nack_counter, nack_state
 from ultimat3.jobs.core.protocol import ClaimBatch, ClaimedOnRead
+from ultimat3.jobs.core.unanswered import LateAnswer, LostClaim, UnansweredClaims
 
 from .backfills import PostgresBackfillLedger
 from .events import PostgresEventBus
@@ -77,7 +78,6 @@ from .sql_enqueue import (
 )
 from .sql_read import SQL_STATS, SQL_STATS_WITHOUT_DONE
 from .sql_settle import SQL_ACK, SQL_HEARTBEAT, SQL_NACK, SQL_SAVE_STEP, SQL_UNCLAIMED_STATES
-from .unanswered import UnansweredClaims
 
 __all__ = ["PostgresJobDriver", "postgres_job_driver"]
 
@@ -96,6 +96,8 @@ measured, the two break even at about a hundred rows."""
 _Ack = tuple[str, str, str, int | None]
 _Nack = tuple[str, NackOptions]
 _Heartbeat = tuple[str, str, str, str]
+_Row = tuple[Any, ...]
+"""A row of a claim's answer (SQL_CLAIM's, SQL_CLAIM_HELD's): its state first."""
 
 
 class PostgresJobDriver:
@@ -126,7 +128,9 @@ class PostgresJobDriver:
         self._leases = PostgresLeaseStore(self._executor, clock)
         self._backfills = PostgresBackfillLedger(self._executor, clock)
         self._events = PostgresEventBus(self._executor)
-        self._unanswered = UnansweredClaims(self._executor)
+        self._unanswered: UnansweredClaims[_Row, _Row] = UnansweredClaims(
+            self._claimed_late, queue_of=lambda row: str(row[4])
+        )
         self._acks: Coalescer[_Ack, bool] = Coalescer(
             self._flush_acks, key=_BY_JOB_ID, max_batch=settle_batch
         )
@@ -271,7 +275,7 @@ class PostgresJobDriver:
         if self._unanswered:
             late = await self._unanswered.taken_late(worker_id, wanted, now)
             if late is not None:
-                batch = await self._answer_late(late.rows, wanted, worker_id, lease_until)
+                batch = await self._answer_late(late, wanted, worker_id, lease_until)
                 late.told()
                 return batch
         claim = new_id()
@@ -317,32 +321,38 @@ class PostgresJobDriver:
             raise
         return _batch(rows, wanted, worker_id, lease_until)
 
-    async def _flush_burials(self, rows: builtins.list[tuple[Any, ...]]) -> None:
+    async def _flush_burials(self, rows: builtins.list[_Row]) -> None:
         """Make the burials among a claim's rows durable before they are announced
         (``SQL_CLAIM_FLUSH``); a claim that buried nothing, nearly all of them, pays nothing."""
         buried = [row[1] for row in rows if row[0] != "running"]
         if buried:
             await self._executor.fetch(SQL_CLAIM_FLUSH, {"ids": buried}, idempotent=True)
 
+    async def _claimed_late(
+        self, lost: LostClaim
+    ) -> tuple[builtins.list[_Row], builtins.list[_Row]]:
+        """What a remembered claim took and buried, if it ran."""
+        rows = await self._held(lost.worker_id, lost.claim, lost.lease_until, lost.queues)
+        running = [row for row in rows if row[0] == "running"]
+        return running, [row for row in rows if row[0] != "running"]
+
     async def _answer_late(
         self,
-        rows: builtins.list[tuple[Any, ...]],
+        late: LateAnswer[_Row, _Row],
         wanted: Mapping[str, int],
         worker_id: str,
         lease_until: datetime,
     ) -> ClaimBatch:
-        """The rows a lost claim committed after its read-back (``unanswered.py``), each that
-        runs renewed to ``lease_until`` first: its lease ran from the lost claim's start. A row
-        whose renewal did not land (cancelled meanwhile) is left out. The burials are made
+        """The rows a lost claim committed after its read-back (core's ``unanswered``), each
+        that runs renewed to ``lease_until`` first: its lease ran from the lost claim's start. A
+        row whose renewal did not land (cancelled meanwhile) is left out. The burials are made
         durable before the renewals, which move the rows a later look finds by their lease:
         when either fails, the rows are all still there to be found."""
-        await self._flush_burials(rows)
-        running = [row for row in rows if row[0] == "running"]
-        renewals = [(row[1], worker_id, row[14], lease_until.isoformat()) for row in running]
+        await self._flush_burials(late.buried)
+        renewals = [(row[1], worker_id, row[14], lease_until.isoformat()) for row in late.taken]
         landed = await self._flush_heartbeats(renewals) if renewals else []
-        renewed = {row[1] for row, held in zip(running, landed, strict=True) if held}
-        kept = [row for row in rows if row[0] != "running" or row[1] in renewed]
-        return _batch(kept, wanted, worker_id, lease_until)
+        renewed = [row for row, held in zip(late.taken, landed, strict=True) if held]
+        return _batch([*late.buried, *renewed], wanted, worker_id, lease_until)
 
     async def _claimed_before(
         self,
@@ -351,24 +361,30 @@ class PostgresJobDriver:
         worker_id: str,
         claim: str,
         lease_until: datetime,
-    ) -> list[tuple[Any, ...]]:
+    ) -> builtins.list[_Row]:
         """The rows a claim whose answer was lost had taken and buried. Left alone, the rows it
         took would sit running under a claim nobody holds until their lease lapsed (an attempt
         spent on nothing, a final attempt buried dead without having run), and on_exhausted
         would never hear of the rows it buried."""
-        rows = await self._executor.fetch(
+        rows = await self._held(worker_id, claim, lease_until, wanted)
+        buried = sum(row[0] != "running" for row in rows)
+        log_claim_answer_lost(worker_id, len(rows) - buried, buried, lost)
+        return rows
+
+    async def _held(
+        self, worker_id: str, claim: str, lease_until: datetime, queues: Iterable[str]
+    ) -> builtins.list[_Row]:
+        """The rows a claim took and buried (SQL_CLAIM_HELD's), as it answers them."""
+        return await self._executor.fetch(
             SQL_CLAIM_HELD,
             {
-                "queues": list(wanted),
+                "queues": list(queues),
                 "worker_id": worker_id,
                 "claim": claim,
                 "lease_until": lease_until,
             },
             idempotent=True,
         )
-        buried = sum(row[0] != "running" for row in rows)
-        log_claim_answer_lost(worker_id, len(rows) - buried, buried, lost)
-        return rows
 
     # -- settles: batched per process, fenced per row ---------------------------------------
 
@@ -543,7 +559,7 @@ def postgres_job_driver(
 
 
 def _batch(
-    rows: builtins.list[tuple[Any, ...]],
+    rows: builtins.list[_Row],
     wanted: Mapping[str, int],
     worker_id: str,
     lease_until: datetime,

@@ -40,6 +40,7 @@ from ultimat3.jobs.core.model import (
 )
 from ultimat3.jobs.core.nack import nack_counter, nack_state
 from ultimat3.jobs.core.protocol import ClaimBatch, ClaimedOnRead
+from ultimat3.jobs.core.unanswered import LateAnswer, LostClaim, UnansweredClaims
 
 from .backfills import RedisBackfillLedger
 from .codec import (
@@ -82,6 +83,10 @@ _STATES = (
 _Settle = tuple[str, ...]
 """One settle as ``settle.lua`` reads it: an ack's five fields or a nack's ten."""
 _Renewal = tuple[str, str, str, str]
+_Taken = tuple[list[Any], list[str]]
+"""A row a claim took, as claim.lua answers it: its CLAIMED_FIELDS values, its steps."""
+_Buried = list[Any]
+"""A row a claim buried, as claim.lua answers it: its EXHAUSTED_FIELDS values."""
 
 
 @reports_unavailable
@@ -128,6 +133,9 @@ class RedisJobDriver:
         self._leases = RedisLeaseStore(self._ns)
         self._backfills = RedisBackfillLedger(self._ns)
         self._events = RedisEventBus(self._ns)
+        self._unanswered: UnansweredClaims[_Taken, _Buried] = UnansweredClaims(
+            self._claimed_late, queue_of=lambda taken: str(taken[0][3])
+        )
 
     @property
     def client(self) -> RedisClient:
@@ -192,7 +200,14 @@ class RedisJobDriver:
         drop_exhausted: Collection[str] = (),
     ) -> ClaimBatch:
         now = self._ns.clock.now()
-        lease_until = to_us(now + timedelta(seconds=visibility_timeout))
+        deadline = now + timedelta(seconds=visibility_timeout)
+        lease_until = to_us(deadline)
+        if self._unanswered:
+            late = await self._unanswered.taken_late(worker_id, slots, now)
+            if late is not None:
+                batch = await self._answer_late(late, worker_id, lease_until)
+                late.told()
+                return batch
         base = new_id()
         args = [worker_id, base, lease_until, LEASE_LAPSED_FINAL_ATTEMPT, str(len(slots))]
         for queue, free in slots.items():
@@ -204,16 +219,52 @@ class RedisJobDriver:
         except ConnectionError as lost:
             # Its rows, if it ran, are running under a claim nobody holds until their lease
             # lapses (an attempt spent on nothing, a final one buried dead without having run),
-            # and on_exhausted never hears of the rows it buried.
-            queues = list(slots)
-            claimed, exhausted = await self._ns.call(
-                "claimed", worker_id, base, lease_until, str(len(queues)), *queues
-            )
-            log_claim_answer_lost(worker_id, len(claimed), len(exhausted), lost)
-        return ClaimBatch(
-            jobs=ClaimedOnRead(claimed, read_claimed_rows),
-            exhausted=[read_exhausted(values) for values in exhausted],
+            # and on_exhausted never hears of the rows it buried. When the read-back finds
+            # nothing (the claim may still be waiting on the server) or fails, later claims
+            # look again (core's ``unanswered``).
+            claimed, exhausted = [], []
+            try:
+                claimed, exhausted = await self._held(worker_id, base, lease_until, slots)
+                log_claim_answer_lost(worker_id, len(claimed), len(exhausted), lost)
+            finally:
+                if not claimed and not exhausted:
+                    self._unanswered.remember(
+                        worker_id=worker_id,
+                        claim=base,
+                        lease_until=deadline,
+                        queues=list(slots),
+                        now=now,
+                    )
+        return _batch(claimed, exhausted)
+
+    async def _held(
+        self, worker_id: str, base: str, lease_until: str, queues: Collection[str]
+    ) -> tuple[list[_Taken], list[_Buried]]:
+        """The rows a claim took and buried (claimed.lua's answer), as it answers them."""
+        taken, buried = await self._ns.call(
+            "claimed", worker_id, base, lease_until, str(len(queues)), *queues
         )
+        return taken, buried
+
+    async def _claimed_late(self, lost: LostClaim) -> tuple[list[_Taken], list[_Buried]]:
+        return await self._held(lost.worker_id, lost.claim, to_us(lost.lease_until), lost.queues)
+
+    async def _answer_late(
+        self, late: LateAnswer[_Taken, _Buried], worker_id: str, lease_until: str
+    ) -> ClaimBatch:
+        """The rows a lost claim took after its read-back, each renewed to ``lease_until``
+        first (its lease ran from the lost claim's start), and the rows it buried. A row whose
+        renewal did not land (cancelled meanwhile) is left out."""
+        renewed = []
+        if late.taken:
+            args = [str(len(late.taken))]
+            for values, _ in late.taken:
+                args += (values[0], worker_id, values[13], lease_until)
+            landed = await self._ns.call("heartbeat", *args)
+            for (values, steps), held in zip(late.taken, landed, strict=True):
+                if held:
+                    renewed.append(([*values[:11], lease_until, *values[12:]], steps))
+        return _batch(renewed, late.buried)
 
     # -- settles and renewals, coalesced ------------------------------------------------------
 
@@ -369,3 +420,10 @@ def redis_job_driver(
         )
     built = Redis.from_url(target, decode_responses=True, **client_options)
     return build(built, owns_client=True)
+
+
+def _batch(taken: Sequence[_Taken], buried: Sequence[_Buried]) -> ClaimBatch:
+    return ClaimBatch(
+        jobs=ClaimedOnRead(taken, read_claimed_rows),
+        exhausted=[read_exhausted(values) for values in buried],
+    )

@@ -16,7 +16,8 @@ for _, q in ipairs(redis.call('SMEMBERS', K_QUEUES)) do
     for i = 1, #page, 2 do
       if tonumber(page[i + 1]) > NOW_N then last = true break end
       local f = redis.call('HMGET', k_job(page[i]), 'state', 'run_at')
-      if f[1] ~= 'suspended' then oldest, last = f[2], true break end
+      -- A row whose hash vanished (see forget_vanished) is stepped over like a suspended one.
+      if f[1] and f[1] ~= 'suspended' then oldest, last = f[2], true break end
     end
     start = start + 100
   end
