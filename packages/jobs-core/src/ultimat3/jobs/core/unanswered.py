@@ -24,7 +24,7 @@ row's queue; this module keeps the bookkeeping, the same on every driver.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Generic, TypeVar
@@ -90,13 +90,13 @@ class UnansweredClaims(Generic[Taken, Buried]):
 
     def remember(
         self,
-        *,
         worker_id: str,
         claim: str,
         lease_until: datetime,
-        queues: Sequence[str],
+        queues: Iterable[str],
         now: datetime,
     ) -> None:
+        """Look for ``worker_id``'s ``claim`` (as it was sent) from ``now`` on."""
         self._pending.append(LostClaim(worker_id, claim, lease_until, tuple(queues), now))
 
     async def taken_late(

@@ -299,25 +299,13 @@ class PostgresJobDriver:
                 rows = await self._claimed_before(lost, wanted, worker_id, claim, lease_until)
             finally:
                 if not rows:  # it may not have run, or not committed yet, or the look failed
-                    self._unanswered.remember(
-                        worker_id=worker_id,
-                        claim=claim,
-                        lease_until=lease_until,
-                        queues=list(wanted),
-                        now=now,
-                    )
+                    self._unanswered.remember(worker_id, claim, lease_until, wanted, now)
         try:
             await self._flush_burials(rows)
         except BaseException:
             # The claim committed, and none of it reaches the claimant: a later claim of its
             # reads it back, as it does a claim whose answer was lost.
-            self._unanswered.remember(
-                worker_id=worker_id,
-                claim=claim,
-                lease_until=lease_until,
-                queues=list(wanted),
-                now=now,
-            )
+            self._unanswered.remember(worker_id, claim, lease_until, wanted, now)
             raise
         return _batch(rows, wanted, worker_id, lease_until)
 

@@ -228,13 +228,7 @@ class RedisJobDriver:
                 log_claim_answer_lost(worker_id, len(claimed), len(exhausted), lost)
             finally:
                 if not claimed and not exhausted:
-                    self._unanswered.remember(
-                        worker_id=worker_id,
-                        claim=base,
-                        lease_until=deadline,
-                        queues=list(slots),
-                        now=now,
-                    )
+                    self._unanswered.remember(worker_id, base, deadline, slots, now)
         return _batch(claimed, exhausted)
 
     async def _held(
