@@ -18,6 +18,7 @@ from ultimat3.jobs.core import (
     FrozenClock,
     JobSlotLostError,
     JobState,
+    cancel_job,
     job_lease_key,
     job_worker,
 )
@@ -372,3 +373,81 @@ async def test_a_slot_renewal_answering_after_the_run_ended_leaves_no_ghost_hold
         await handle.enqueue(Sync("acme", 2))
         await until(lambda: len(body.started) == 2)
     assert [row.state for row in await rows(driver)] == [JobState.DONE, JobState.DONE]
+
+
+class SlowReleases(SlowSlotRenewals):
+    """``SlowSlotRenewals`` whose ``release`` is applied at once but answers only when told."""
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__(inner)
+        self.released = asyncio.Event()
+        self.release_answer = asyncio.Event()
+
+    async def release(self, key: str, holder: str) -> None:
+        await self.inner.release(key, holder)
+        self.released.set()
+        await self.release_answer.wait()
+
+
+async def test_a_slot_renewal_answering_while_the_release_is_on_its_way_takes_no_slot(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    """The renewal finds the holder gone (the release landed) before the release's answer came:
+    the run is over all the same, and its slot is not taken again."""
+    body = Accounts()
+    handle = sync_job(body.run, concurrency=keyed("fail"))
+    slow = SlowReleases(driver.leases)
+    driver._leases = slow  # type: ignore[assignment]
+    key = job_lease_key(handle.name, "acme")
+    async with job_worker(driver=driver, context=lambda: None, jobs=[handle], clock=clock):
+        await handle.enqueue(Sync("acme", 1))
+        await until(lambda: body.started != [])
+        await run_clock(clock, 10)  # the slot's renewal goes out and hangs
+        await until(slow.on_the_wire.is_set)
+        body.release.set()  # the run ends; its release lands, and its answer hangs
+        await until(slow.released.is_set)
+        slow.answer.set()  # the renewal answers: refused, the holder is gone
+        await settle()
+        slow.release_answer.set()
+        await settle()
+        assert await slow.inner.holders(key) == []
+        await handle.enqueue(Sync("acme", 2))
+        await until(lambda: len(body.started) == 2)
+    assert [row.state for row in await rows(driver)] == [JobState.DONE, JobState.DONE]
+
+
+async def test_a_cancelled_run_whose_body_ignores_it_gives_its_key_back_at_its_deadline(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    """The cancel aborts the attempt first; the body swallows every cancel. Its timeout still
+    ends the attempt at the deadline: the run leaves the worker and its key is free."""
+    release = asyncio.Event()
+
+    async def deaf(*, input: Sync) -> None:
+        while not release.is_set():
+            try:
+                await release.wait()
+            except asyncio.CancelledError:
+                continue
+
+    handle = sync_job(deaf, timeout="5s", concurrency=keyed("fail"))
+    key = job_lease_key(handle.name, "acme")
+    assert driver.leases is not None
+    worker = job_worker(
+        driver=driver, context=lambda: None, jobs=[handle], clock=clock, visibility_timeout=3
+    )
+    async with worker:
+        try:
+            queued = await handle.enqueue(Sync("acme", 1))
+            await until(lambda: worker.in_flight == [queued.id])
+            await cancel_job(driver, queued.id)
+            await run_clock(clock, 1)  # the heartbeat finds the row cancelled
+            await run_clock(clock, 4)  # the deadline
+            for _ in range(300):
+                if not worker.in_flight:
+                    break
+                await asyncio.sleep(0.01)
+            assert worker.in_flight == []
+            assert await driver.leases.holders(key) == []
+        finally:
+            release.set()

@@ -293,3 +293,15 @@ async def test_workers_sharing_process_limits_wake_when_the_other_frees_the_plac
         release.set()  # B's run ends: the place is free, but only B is rung
         await run_clock(clock, 10)
         await until(lambda: ran == ["b", "a"])
+
+
+def test_the_rate_windows_of_tenants_gone_quiet_are_forgotten(clock: FrozenClock) -> None:
+    """A tenant seen once is not remembered for ever: a process serving many tenants keeps a
+    window only for those that started a run within the last one."""
+    limits = ProcessLimits(LimitConfig(rate_per_tenant=RateLimit(10, "1m")), clock)
+    for n in range(1_000):
+        assert limits.hold("q", f"org-{n}") is None
+        limits.release("q", f"org-{n}")
+    clock.advance(61)
+    assert limits.hold("q", "org-new") is None
+    assert list(limits._starts) == ["org-new"]

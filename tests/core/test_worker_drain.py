@@ -144,6 +144,29 @@ async def test_past_the_deadline_the_drain_is_abandoned_and_the_lease_left_to_la
     body.release.set()
 
 
+async def test_a_drained_body_that_ignores_it_is_still_torn_down_at_its_deadline(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    """The job's timeout holds whatever aborted the attempt first: past its deadline (and the
+    grace) the body is left behind and the drained row handed back, uncounted, long before
+    the drain's own budget runs out."""
+    body = Held(stubborn=True)
+    handle = item_job(body.run, timeout="5s")
+    worker = job_worker(
+        driver=driver, context=lambda: None, jobs=[handle], clock=clock, drain_deadline=25
+    )
+    await worker.start()
+    queued = await handle.enqueue(Item(1))
+    await until(lambda: body.started == [1])
+    draining = asyncio.ensure_future(worker.drain())
+    await run_clock(clock, 5)
+    await asyncio.wait_for(draining, timeout=30)
+    handed_back = await row(driver, queued.id)
+    assert (handed_back.state, handed_back.attempt) == (JobState.READY, 0)
+    assert worker.stats.interrupted == 1
+    body.release.set()
+
+
 async def test_a_row_claimed_as_the_drain_begins_goes_back_without_running(
     driver: MemoryJobDriver, clock: FrozenClock
 ) -> None:

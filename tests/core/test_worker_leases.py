@@ -17,11 +17,16 @@ from support.jobs import Item, item_job
 
 from ultimat3.jobs.core import (
     ClaimRef,
+    Concurrency,
+    EnqueueRequest,
     FrozenClock,
     JobMetrics,
     JobState,
     LeaseLostError,
+    Retry,
+    job_lease_key,
     job_worker,
+    new_id,
 )
 from ultimat3.jobs.core.memory import MemoryJobDriver
 from ultimat3.jobs.core.worker import _Run
@@ -422,3 +427,58 @@ async def test_a_finished_run_is_freed_by_reference_counting_alone(
     finally:
         if was_enabled:
             gc.enable()
+
+
+@pytest.mark.parametrize("path", ["context-failed", "key-refused", "input-invalid"])
+async def test_a_run_settled_without_its_body_reports_no_lost_lease(
+    driver: MemoryJobDriver, clock: FrozenClock, caplog: pytest.LogCaptureFixture, path: str
+) -> None:
+    """A run failed because the services would not build or its input no longer parses, or
+    refused by its busy key, is settled without its body; a renewal refused while its
+    on_settled still runs is that settle, too."""
+    hook_running = asyncio.Event()
+    hook_release = asyncio.Event()
+
+    async def slow_hook(settled: Any) -> None:
+        hook_running.set()
+        await hook_release.wait()
+
+    async def never(*, input: Item) -> None:
+        raise AssertionError("the body never runs")
+
+    def services() -> None:
+        if path == "context-failed":
+            raise RuntimeError("services unavailable")
+
+    busy = Concurrency(key=lambda i: "k", limit=1, when_busy="fail")
+    handle = item_job(never, on_settled=slow_hook, concurrency=busy, retry=Retry(attempts=1))
+    assert driver.leases is not None
+    if path == "key-refused":
+        await driver.leases.acquire(job_lease_key(handle.name, "k"), "other", limit=1, ttl=300)
+    found = metrics()
+    async with job_worker(
+        driver=driver, context=services, jobs=[handle], clock=clock, metrics=found
+    ) as worker:
+        if path == "input-invalid":
+            await driver.enqueue(
+                EnqueueRequest(
+                    id=new_id(),
+                    run_id=new_id(),
+                    name=handle.name,
+                    queue="default",
+                    input={"not": "an item"},
+                    idempotency_key="stale",
+                    tenant_id=None,
+                    max_attempts=1,
+                    run_at=clock.now(),
+                )
+            )
+        else:
+            await handle.enqueue(Item(3))
+        await until(hook_running.is_set)
+        with caplog.at_level(logging.WARNING, logger="ultimat3.jobs"):
+            await run_clock(clock, 25)  # two heartbeat intervals with the hook still running
+            hook_release.set()
+            await until(lambda: worker.stats.dead + worker.stats.refused > 0)
+    assert events(caplog, "jobs.lease.lost") == []
+    assert leases_lost(found) == 0

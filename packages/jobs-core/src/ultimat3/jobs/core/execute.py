@@ -195,7 +195,8 @@ async def execute_job(
     ``signal`` is the worker's: it fires ``X_DRAINING`` on a drain and ``X_JOB_LEASE_LOST`` when
     renewals stop landing or the row was cancelled. Cancelling this coroutine from outside
     settles nothing — exactly as if the worker had died. ``on_body_done`` is called once the body
-    has ended and before the settle is sent (and awaited when it answers an awaitable): a worker
+    has ended, or once it is clear that it never starts (no such job, an input that does not
+    parse), before the settle is sent (and awaited when it answers an awaitable): a worker
     gives back the run's fleet slot and then its worker slot there, so the next claim overlaps
     the settles still on their way and finds the key free.
     """
@@ -208,6 +209,7 @@ async def execute_job(
             f"no job named {claimed.name!r} is registered in this worker; deploy the code that "
             "declares it, or define_api() the module that does"
         )
+        await _body_over(on_body_done)
         return await fail_job(claimed, driver=driver, handle=None, error=error, clock=clock)
 
     deadline = AbortController() if handle.timeout_s is not None else None
@@ -227,6 +229,7 @@ async def execute_job(
             )
         actor = _job_actor(handle.name, declared)
     except Exception as exc:
+        await _body_over(on_body_done)
         await _settle_failure(
             driver,
             handle,
@@ -249,10 +252,7 @@ async def execute_job(
         await reporter.flush()
         execution.progress = reporter.latest
     execution.duration_ms = int((time.monotonic() - started) * 1000)
-    if on_body_done is not None:
-        done = on_body_done()
-        if done is not None:
-            await done
+    await _body_over(on_body_done)
 
     if ending.kind == "completed":
         execution.result = ending.result
@@ -446,16 +446,21 @@ async def _run_body(
         expiry = asyncio.create_task(expire())
     # Inline, an abort cancels this task. A body of its own is cancelled by _within_deadline, so
     # here a cancellation of this task always came from outside.
-    inline = expiry is None
+    inline = deadline is None
     if inline:
         run_signal.add_listener(cancel_body)
     try:
         with use_actor(attempt.actor):
-            if inline:
+            if deadline is None:
                 result = await handle.call_body(available)
             else:
-                body = handle.call_body(available)
-                result = await _within_deadline(body, run_signal, handle.name, attempt.claimed.id)
+                result = await _within_deadline(
+                    handle.call_body(available),
+                    run_signal,
+                    deadline.signal,
+                    handle.name,
+                    attempt.claimed.id,
+                )
     except StepSuspension as suspension:
         return _Ending("suspended", resume_at=suspension.resume_at)
     except asyncio.CancelledError:
@@ -484,18 +489,30 @@ async def _run_body(
     return _Ending("completed", result=result)
 
 
+async def _body_over(on_body_done: Callable[[], Awaitable[None] | None] | None) -> None:
+    if on_body_done is not None:
+        done = on_body_done()
+        if done is not None:
+            await done
+
+
 async def _within_deadline(
-    body: Coroutine[Any, Any, Any], run_signal: AbortSignal, job: str, job_id: str
+    body: Coroutine[Any, Any, Any],
+    run_signal: AbortSignal,
+    deadline: AbortSignal,
+    job: str,
+    job_id: str,
 ) -> Any:
     """``body`` as a task of its own, cancelled when ``run_signal`` aborts; a body that ended
     cancelled raises the abort's reason, so a CancelledError out of here is the caller's own.
 
-    A timeout fails the attempt at its deadline, which makes the job claimable again: a body that
-    ignores the cancel is given ``TIMEOUT_GRACE_S`` and then left behind, its step writes refused
-    with ``X_ABORTED``, and logged as ``jobs.timeout.abandoned`` when it does finish. (Waiting
-    for it, a body that never returns held its row, its lease and its slot for ever.) Any other
-    abort — a drain, a lost lease — waits for the body, as an inline one does. A sync body ignores
-    every cancel (``threads.in_thread``), so past a timeout it is always the one left behind.
+    The attempt ends at its deadline whatever aborted it first: a body that ignores the cancel
+    is waited for until then (a drain, a lost lease or a cancel), is given ``TIMEOUT_GRACE_S``
+    from the deadline, and is then left behind, its step writes refused with ``X_ABORTED``, and
+    logged as ``jobs.timeout.abandoned`` when it does finish. (Waiting for it, a body that never
+    returns held its row, its lease and its slot for ever.) The attempt ends as its first abort
+    says: a timeout fails it, a drain hands it back. A sync body ignores every cancel
+    (``threads.in_thread``), so past its deadline it is always the one left behind.
     """
     task = asyncio.ensure_future(body)
     aborted = asyncio.get_running_loop().create_future()
@@ -509,8 +526,13 @@ async def _within_deadline(
     try:
         await asyncio.wait((task, aborted), return_when=asyncio.FIRST_COMPLETED)
         if not task.done():
-            timed_out = isinstance(run_signal.reason, JobTimeoutError)
-            await asyncio.wait((task,), timeout=TIMEOUT_GRACE_S if timed_out else None)
+            expired = asyncio.ensure_future(deadline.wait())
+            try:
+                await asyncio.wait((task, expired), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                expired.cancel()
+        if not task.done():
+            await asyncio.wait((task,), timeout=TIMEOUT_GRACE_S)
     except asyncio.CancelledError:  # the worker itself is going: the body goes with it
         task.cancel()
         raise

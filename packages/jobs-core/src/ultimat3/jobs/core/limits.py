@@ -135,10 +135,12 @@ class ProcessLimits:
             rate = config.rate_per_tenant
             if rate is not None:
                 window = timedelta(seconds=rate.per_s)
+                self._forget_idle(now - window)
                 starts = self._window(tenant, now - window)
                 if len(starts) >= rate.count:
                     return starts[0] + window
                 starts.append(now)
+                self._starts[tenant] = self._starts.pop(tenant)  # the newest start goes last
             self._per_tenant[tenant] = self._per_tenant.get(tenant, 0) + 1
         self._total += 1
         self._per_queue[queue] = self._per_queue.get(queue, 0) + 1
@@ -161,6 +163,16 @@ class ProcessLimits:
                 since = self._clock.now() - timedelta(seconds=rate.per_s)
                 if not self._window(tenant, since):
                     del self._starts[tenant]
+
+    def _forget_idle(self, since: datetime) -> None:
+        """Drop the windows of tenants that started nothing after ``since``. The windows are
+        kept in the order of their newest start, so the idle ones are first: a tenant seen once
+        is not remembered for ever."""
+        while self._starts:
+            tenant, starts = next(iter(self._starts.items()))
+            if starts and starts[-1] > since:
+                return
+            del self._starts[tenant]
 
     def _window(self, tenant: str, since: datetime) -> deque[datetime]:
         """The tenant's run starts after ``since``, oldest first."""

@@ -164,6 +164,7 @@ class _Run:
         "key_refused",
         "lease",
         "placed",
+        "settling",
         "slot",
         "task",
         "worker",
@@ -181,6 +182,8 @@ class _Run:
         """The fleet slot this run holds."""
         self.freed = False
         """Whether its worker slot was given back (at the body's end, ahead of the settle)."""
+        self.settling = False
+        """Whether its settle is on its way (its body ended, or it never starts one)."""
         self.placed: datetime | None = None
         """When it took a place under the process limits (None: it holds none)."""
         self.began = False
@@ -194,11 +197,11 @@ class _Run:
         return await self.worker._heartbeat(self)
 
     def refused(self) -> None:
-        if not self.freed:  # after the body ended, a refusal is the settle having landed
+        if not self.settling:  # a refusal now is the settle having landed
             self.worker._lease_refused(self)
 
     def lapsed(self) -> None:
-        if not self.freed:  # a finished job's lease is nobody's loss
+        if not self.settling:  # a finished job's lease is nobody's loss
             self.worker._lease_lost(
                 self, f"no renewal landed for a whole window ({self.worker._vis}s)"
             )
@@ -225,13 +228,15 @@ class _SlotHold:
         self.slot = slot
 
     async def renew(self) -> bool:
-        return await self.fleet.renew(self.slot, ended=lambda: self.run.freed)
+        # Over once the run let go of the slot: a renewal answering while the release is on its
+        # way must not take the slot again.
+        return await self.fleet.renew(self.slot, ended=lambda: self.run.held is not self.slot)
 
     def refused(self) -> None:
         self.lapsed()
 
     def lapsed(self) -> None:
-        if self.run.freed:
+        if self.run.settling:
             return  # the body has ended: a slot missed now costs nobody anything
         claimed = self.run.claimed
         log_event(
@@ -812,7 +817,8 @@ class JobWorker:
             if run.slot is not None:
                 self._renewals.drop(run.slot)
             if run.held is not None:
-                await self._fleet.release(run.held)
+                held, run.held = run.held, None
+                await self._fleet.release(held)
             if run.placed is not None and self._limits is not None:
                 unstarted = None if run.began else run.placed
                 self._limits.release(claimed.queue, claimed.tenant_id, unstarted=unstarted)
@@ -824,6 +830,7 @@ class JobWorker:
         brings the next claim. In that order: a run that no longer runs holds no key, and the
         next run of the key, claimed at once, must not find it held by the settle and the
         ``on_settled`` hook still on their way (``when_busy='fail'`` refused it)."""
+        run.settling = True
         if run.held is None:
             self._free_slot(run)
             return None
@@ -897,6 +904,7 @@ class JobWorker:
         except Exception as exc:
             failure = exc
         if failure is not None:
+            run.settling = True
             execution = await fail_job(
                 run.claimed,
                 driver=self._driver,
@@ -935,6 +943,7 @@ class JobWorker:
         ``remind``: keep a timer to claim it again when it falls due."""
         claimed = run.claimed
         ref = claimed.claim
+        run.settling = True
         landed = await self._driver.nack(
             claimed.id, NackOptions(ref.worker_id, ref.claim, run_at=at, count_attempt=False)
         )
@@ -965,6 +974,7 @@ class JobWorker:
     async def _refuse(self, run: _Run, decision: SlotDecision) -> None:
         assert run.handle is not None
         assert isinstance(decision.error, JobKeyBusyError)
+        run.settling = True
         execution = await refuse_job(
             run.claimed,
             driver=self._driver,
