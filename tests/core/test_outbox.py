@@ -429,8 +429,9 @@ async def test_idle_the_relay_backs_off_from_its_interval_to_the_ceiling(
 class StubWake:
     """A cross-process wake a test rings by hand."""
 
-    def __init__(self, live: bool = True) -> None:
+    def __init__(self, live: bool = True, *, hears_outbox: bool = True) -> None:
         self.live = live
+        self.hears_outbox = hears_outbox
         self.listeners: list[Any] = []
 
     def subscribe(self, listener: Any) -> Any:
@@ -478,6 +479,21 @@ async def test_a_live_wake_raises_the_relays_idle_ceiling_to_five_seconds(
     await relay.stop()
     offsets = [round((at - start).total_seconds(), 3) for at in claims]
     assert offsets == [0, 0.2, 0.6, 1.4, 3.0, 6.2, 11.2]
+
+
+async def test_a_live_wake_that_never_hears_the_outbox_leaves_the_two_second_ceiling(
+    driver: MemoryJobDriver, clock: FrozenClock, store: MemoryOutboxStore
+) -> None:
+    """A Redis wake is proven on the job queues' channel; staged rows are announced in Postgres,
+    where it does not listen, so its word promises nothing about them."""
+    claims = claim_times(store, clock)
+    start = clock.now()
+    relay = relay_of(store, driver, clock, wake=StubWake(live=True, hears_outbox=False))
+    relay.start()
+    await run_clock(clock, 10)
+    await relay.stop()
+    offsets = [round((at - start).total_seconds(), 3) for at in claims]
+    assert offsets == [0, 0.2, 0.6, 1.4, 3.0, 5.0, 7.0, 9.0]
 
 
 async def test_a_lost_wake_brings_a_pass_at_once_then_the_two_second_ceiling(

@@ -341,6 +341,7 @@ async def test_a_declared_idle_ceiling_is_the_ceiling(
 class FakeWake:
     def __init__(self, *, live: bool) -> None:
         self.live = live
+        self.hears_outbox = False
         self.listeners: list[Callable[[str], None]] = []
 
     def subscribe(self, listener: Callable[[str], None]) -> Callable[[], None]:

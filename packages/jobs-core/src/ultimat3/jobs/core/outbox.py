@@ -190,7 +190,11 @@ class OutboxRelay:
             self._wakeup.ring()
 
     def _idle_ceiling(self) -> float:
-        return idle_ceiling(self._idle_max, self._wake)
+        """A wake that never hears the outbox (Redis pub/sub: stages are announced in Postgres)
+        proves nothing about staged rows: the relay polls as without one."""
+        wake = self._wake
+        heard = wake if wake is not None and wake.hears_outbox else None
+        return idle_ceiling(self._idle_max, heard)
 
     async def _close(self, budget: float | None) -> None:
         budget = lifecycle_deadline() if budget is None else budget

@@ -102,6 +102,11 @@ class PgQueueWake:
         """True once a probe came back on the current session; false again when it is lost."""
         return self._live
 
+    @property
+    def hears_outbox(self) -> bool:
+        """True: the session listens on the outbox's channel too."""
+        return True
+
     def __repr__(self) -> str:
         return f"PgQueueWake(live={self._live}, subscribers={len(self._subscribers)})"
 

@@ -82,6 +82,11 @@ class RedisQueueWake:
     def live(self) -> bool:
         return self._live
 
+    @property
+    def hears_outbox(self) -> bool:
+        """False: the outbox stages in Postgres and announces there, never on this channel."""
+        return False
+
     def subscribe(self, listener: Callable[[str], None]) -> Callable[[], None]:
         self._listeners.append(listener)
 
