@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from dataclasses import dataclass
 from datetime import timedelta
@@ -267,3 +268,48 @@ def test_manifest_of_a_module_it_cannot_import_says_so(
 ) -> None:
     assert cli.main(["manifest", "--app", "no_such_app_module"]) == 2
     assert "cannot import 'no_such_app_module'" in capsys.readouterr().err
+
+
+def test_a_backend_error_no_code_names_is_one_line_not_a_traceback(
+    driver: MemoryJobDriver, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The backend's own refusal (here: a read-only server) is said in one line; with --json,
+    in the shape every error has, its code None."""
+
+    class ServerRefusedError(Exception):
+        pass
+
+    async def refusing(url: str) -> MemoryJobDriver:
+        raise ServerRefusedError("cannot execute INSERT in a read-only transaction")
+
+    monkeypatch.setattr(cli, "driver_for_url", refusing)
+    assert cli.main(["--url", "memory://", "queues", "pause", "mail"]) == 1
+    said = capsys.readouterr()
+    assert said.err == (
+        "ujobs: ServerRefusedError: cannot execute INSERT in a read-only transaction\n"
+    )
+    assert cli.main(["--url", "memory://", "--json", "queues", "pause", "mail"]) == 1
+    answer = json.loads(capsys.readouterr().out)
+    assert (answer["code"], answer["meta"]) == (None, {"error": "ServerRefusedError"})
+
+
+def test_a_reader_that_went_away_ends_the_command_quietly(
+    use_driver: MemoryJobDriver, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`ujobs … --json | head -1`: the pipe closed under the output is no traceback."""
+    read, write = os.pipe()
+
+    class ClosedPipe:
+        def write(self, text: str) -> int:
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def fileno(self) -> int:
+            return write
+
+    monkeypatch.setattr(sys, "stdout", ClosedPipe())
+    try:
+        assert cli.main(["--url", "memory://", "--json", "jobs", "list"]) == 1
+    finally:
+        os.close(read)
+        os.close(write)
+    assert capsys.readouterr().err == ""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 
 import psycopg
 import pytest
@@ -124,8 +125,36 @@ def test_ujobs_migrate_takes_the_url_every_command_takes(pg_database_url: str) -
 def test_ujobs_migrate_refuses_the_url_of_another_backend(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    assert main(["--url", "redis://127.0.0.1:6379/0", "migrate"]) == 2
-    assert "redis:// is not a Postgres URL" in capsys.readouterr().err
+    assert main(["--url", "redis://127.0.0.1:6379/0", "migrate"]) == 1
+    assert "X_DRIVER_UNAVAILABLE: redis:// is not a Postgres URL" in capsys.readouterr().err
+
+
+def test_ujobs_migrate_takes_the_common_options_after_it_and_answers_json(
+    pg_database_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["migrate", "--url", as_url(pg_database_url), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"migrated": True}
+    assert tables_of(pg_database_url) >= TABLES
+
+
+async def test_a_server_that_refuses_the_write_is_one_answer_not_a_traceback(
+    pg_database_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A read-only server (a standby): the server's own refusal, in the shape of every error."""
+    await install(pg_database_url)
+    read_only = as_url(pg_database_url) + "?options=-c%20default_transaction_read_only%3Don"
+    argv = ["--url", read_only, "--json", "queues", "pause", "q"]
+    assert await asyncio.to_thread(main, argv) == 1
+    answer = json.loads(capsys.readouterr().out)
+    assert (answer["code"], answer["meta"]) == (None, {"error": "ReadOnlySqlTransaction"})
+
+
+def test_ujobs_migrate_without_a_url_answers_its_code(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("DATABASE_URL", raising=False)
+    assert main(["migrate", "--json"]) == 1
+    assert json.loads(capsys.readouterr().out)["code"] == "X_DRIVER_UNAVAILABLE"
 
 
 @pytest.mark.parametrize("argv", [["migrate", "--database-url", UNREACHABLE], ["queues"]])

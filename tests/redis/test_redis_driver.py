@@ -134,6 +134,14 @@ async def test_driver_from_url_says_so_when_the_server_does_not_answer() -> None
 
 
 @pytest.mark.parametrize(
+    "url", ["redis://127.0.0.1:notaport/0", "redis://127.0.0.1:6379/0?socket_timeout=abc"]
+)
+async def test_driver_from_url_says_so_when_redis_py_cannot_read_the_url(url: str) -> None:
+    with pytest.raises(DriverUnavailableError, match="not a Redis URL redis-py can read"):
+        await driver_from_url(url)
+
+
+@pytest.mark.parametrize(
     "operation",
     [
         lambda d, new: d.enqueue(new()),

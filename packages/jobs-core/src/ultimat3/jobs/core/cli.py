@@ -3,7 +3,9 @@
 The driver comes from ``--url`` (else ``DATABASE_URL``, else ``REDIS_URL``), chosen by the URL's
 scheme among installed drivers: a driver distribution registers ``driver_from_url`` under the
 ``ultimat3.jobs.drivers`` entry-point group, and may add subcommands (``migrate``) under
-``ultimat3.jobs.commands``. Every command takes ``--json`` for machine-readable output.
+``ultimat3.jobs.commands``: a function given the subparsers and the parser of the options every
+command takes (``--url``, ``--json``), to pass as ``parents``. Every command takes ``--json`` for
+machine-readable output, and an error is one line (with ``--json``, one object with its code).
 """
 
 from __future__ import annotations
@@ -447,7 +449,7 @@ def _parser() -> argparse.ArgumentParser:
         except Exception as exc:  # a broken plugin must not take the core commands down
             sys.stderr.write(f"ujobs: skipping the {ep.name!r} commands: {exc}\n")
             continue
-        register(sub)
+        register(sub, common)
     return parser
 
 
@@ -457,14 +459,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         handler: Handler = args.handler
         return asyncio.run(handler(args))
     except JobsError as error:
-        if getattr(args, "json", False):
-            json.dump(
-                {"code": error.code, "message": error.message, "meta": error.meta}, sys.stdout
-            )
-            sys.stdout.write("\n")
-        else:
-            sys.stderr.write(f"ujobs: {error}\n")
+        _report(args, error.code, error.message, error.meta, str(error))
         return 1
+    except BrokenPipeError:
+        # The reader went away (`ujobs … | head`): nothing more is said to it, even at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except Exception as error:  # the backend's own refusal: a read-only server, a timeout
+        said = f"{type(error).__name__}: {error}"
+        _report(args, None, said, {"error": type(error).__name__}, said)
+        return 1
+
+
+def _report(args: argparse.Namespace, code: str | None, message: str, meta: Any, line: str) -> None:
+    """A failed command's one answer: an object on stdout with ``--json``, else a line on
+    stderr. ``code`` is None for an error no ``X_`` code names (the backend's own)."""
+    if getattr(args, "json", False):
+        json.dump({"code": code, "message": message, "meta": meta}, sys.stdout, default=str)
+        sys.stdout.write("\n")
+    else:
+        sys.stderr.write(f"ujobs: {line}\n")
 
 
 if __name__ == "__main__":

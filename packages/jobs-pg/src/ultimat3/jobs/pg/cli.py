@@ -8,6 +8,7 @@ Registered through entry points (see pyproject.toml): ``driver_from_url`` under
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from typing import Any
@@ -42,10 +43,11 @@ async def _reachable(url: str) -> None:
         )
 
 
-def register_commands(subparsers: Any) -> None:
-    """Add ``migrate`` to ``ujobs``: ``ujobs migrate --database-url URL``."""
+def register_commands(subparsers: Any, common: argparse.ArgumentParser) -> None:
+    """Add ``migrate`` to ``ujobs``: ``ujobs migrate --database-url URL`` (or ``--url``)."""
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "migrate",
+        parents=[common],
         help="create the Postgres tables of ultimat3-jobs (idempotent)",
         description=(
             "Apply SQL_JOBS_TABLE: every table and index the Postgres driver, its outbox, event "
@@ -63,17 +65,19 @@ def register_commands(subparsers: Any) -> None:
 async def _migrate(args: argparse.Namespace) -> int:
     url = args.database_url or getattr(args, "url", None) or os.environ.get("DATABASE_URL")
     if not url:
-        sys.stderr.write("ujobs migrate: pass --database-url URL or set DATABASE_URL\n")
-        return 2
+        raise DriverUnavailableError("pass --database-url URL (or --url), or set DATABASE_URL")
     scheme = urlsplit(url).scheme.split("+", 1)[0] if "://" in url else None
     if scheme is not None and scheme not in _SCHEMES:
         # (a key=value conninfo, "host=… dbname=…", has no scheme and is psycopg's to read)
-        sys.stderr.write(
-            f"ujobs migrate: {scheme}:// is not a Postgres URL; the tables to create are "
-            "Postgres's (postgresql://user@host/db)\n"
+        raise DriverUnavailableError(
+            f"{scheme}:// is not a Postgres URL; the tables to create are Postgres's "
+            "(postgresql://user@host/db)",
+            meta={"scheme": scheme},
         )
-        return 2
     await _reachable(url)
     await install(url)
-    sys.stdout.write("ujobs migrate: the ultimat3-jobs tables are in place\n")
+    if getattr(args, "json", False):
+        sys.stdout.write(json.dumps({"migrated": True}) + "\n")
+    else:
+        sys.stdout.write("ujobs migrate: the ultimat3-jobs tables are in place\n")
     return 0

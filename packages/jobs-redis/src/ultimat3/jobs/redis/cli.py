@@ -32,7 +32,12 @@ def split_prefix(url: str) -> tuple[str, str]:
 async def driver_from_url(url: str) -> JobDriver:
     """A driver for ``url`` whose server answered a PING."""
     target, prefix = split_prefix(url)
-    driver = redis_job_driver(url=target, prefix=prefix)
+    try:
+        driver = redis_job_driver(url=target, prefix=prefix)
+    except ValueError as exc:  # redis-py's word on a URL it cannot read
+        raise DriverUnavailableError(
+            f"{target} is not a Redis URL redis-py can read ({exc})", meta={"url": target}
+        ) from exc
     try:
         await driver.client.ping()
     except (RedisError, OSError) as exc:
