@@ -351,19 +351,32 @@ class SlowSlotRenewals:
         return bool(await self.inner.renew(key, holder, ttl=ttl))
 
 
+def keyed_on(driver: MemoryJobDriver, store: SlowSlotRenewals) -> tuple[Accounts, Any, str]:
+    """A job keyed by account under ``when_busy='fail'``, on a driver whose lease store is
+    ``store``; its body, its handle and the lease key of account acme."""
+    body = Accounts()
+    handle = sync_job(body.run, concurrency=keyed("fail"))
+    driver._leases = store  # type: ignore[assignment]
+    return body, handle, job_lease_key(handle.name, "acme")
+
+
+async def renewal_on_the_wire(
+    body: Accounts, handle: Any, store: SlowSlotRenewals, clock: FrozenClock
+) -> None:
+    """A run of acme going, with its slot's renewal sent and hanging."""
+    await handle.enqueue(Sync("acme", 1))
+    await until(lambda: body.started != [])
+    await run_clock(clock, 10)
+    await until(store.on_the_wire.is_set)
+
+
 async def test_a_slot_renewal_answering_after_the_run_ended_leaves_no_ghost_holder(
     driver: MemoryJobDriver, clock: FrozenClock
 ) -> None:
-    body = Accounts()
-    handle = sync_job(body.run, concurrency=keyed("fail"))
     slow = SlowSlotRenewals(driver.leases)
-    driver._leases = slow  # type: ignore[assignment]
-    key = job_lease_key(handle.name, "acme")
+    body, handle, key = keyed_on(driver, slow)
     async with job_worker(driver=driver, context=lambda: None, jobs=[handle], clock=clock):
-        await handle.enqueue(Sync("acme", 1))
-        await until(lambda: body.started != [])
-        await run_clock(clock, 10)  # the slot's renewal goes out and hangs
-        await until(slow.on_the_wire.is_set)
+        await renewal_on_the_wire(body, handle, slow, clock)
         body.release.set()  # the run ends and hands its slot back
         await until(lambda: body.active["acme"] == 0)
         await settle()
@@ -394,16 +407,10 @@ async def test_a_slot_renewal_answering_while_the_release_is_on_its_way_takes_no
 ) -> None:
     """The renewal finds the holder gone (the release landed) before the release's answer came:
     the run is over all the same, and its slot is not taken again."""
-    body = Accounts()
-    handle = sync_job(body.run, concurrency=keyed("fail"))
     slow = SlowReleases(driver.leases)
-    driver._leases = slow  # type: ignore[assignment]
-    key = job_lease_key(handle.name, "acme")
+    body, handle, key = keyed_on(driver, slow)
     async with job_worker(driver=driver, context=lambda: None, jobs=[handle], clock=clock):
-        await handle.enqueue(Sync("acme", 1))
-        await until(lambda: body.started != [])
-        await run_clock(clock, 10)  # the slot's renewal goes out and hangs
-        await until(slow.on_the_wire.is_set)
+        await renewal_on_the_wire(body, handle, slow, clock)
         body.release.set()  # the run ends; its release lands, and its answer hangs
         await until(slow.released.is_set)
         slow.answer.set()  # the renewal answers: refused, the holder is gone
