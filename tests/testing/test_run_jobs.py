@@ -323,6 +323,19 @@ async def test_a_wait_nobody_answers_is_runaway(
     assert "run-jobs-forever" in str(runaway.value)
 
 
+async def test_a_runaway_hands_back_the_row_it_claimed_and_did_not_run(
+    driver: MemoryJobDriver, services: Services
+) -> None:
+    """The guard stops run_jobs with a row claimed: the row goes back to the queue as it was,
+    so a later run_jobs (once the wait is answered, say) runs it."""
+    job_id = await _enqueue(driver, forever, "o-1")
+    with pytest.raises(RunawayJobsError):
+        await run_jobs(driver, events=services.bus, max_attempts_guard=2)
+    detail = await driver.introspect.get(job_id)
+    assert detail is not None
+    assert (detail.row.state, detail.row.worker_id) == (JobState.READY, None)
+
+
 async def test_a_hung_body_meets_its_timeout_on_the_frozen_clock(
     driver: MemoryJobDriver, clock: FrozenClock
 ) -> None:

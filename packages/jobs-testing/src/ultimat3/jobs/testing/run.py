@@ -30,6 +30,7 @@ from ultimat3.jobs.core import (
     JobExecution,
     JobFilter,
     JobState,
+    NackOptions,
     execute_job,
     job_cursor,
     registered_jobs,
@@ -135,8 +136,10 @@ async def run_jobs(
         for buried in batch.exhausted:
             await announce_exhausted(buried, handle=handle_for(buried.name))
         if batch.jobs:
-            for claimed in sorted(batch.jobs, key=lambda job: (job.run_at, job.id)):
+            ordered = sorted(batch.jobs, key=lambda job: (job.run_at, job.id))
+            for position, claimed in enumerate(ordered):
                 if len(executions) >= max_attempts_guard:
+                    await _hand_back(driver, ordered[position:], clock.now())
                     raise _runaway(executions)
                 execution = await _attempt(
                     claimed, driver, handle_for(claimed.name), services, events, clock, stuck_after
@@ -148,6 +151,15 @@ async def run_jobs(
         if due is None:
             return executions
         clock.set(due)
+
+
+async def _hand_back(driver: JobDriver, unrun: Iterable[ClaimedJob], now: datetime) -> None:
+    """Rows claimed but not run: ready again, uncounted, for the next ``run_jobs``."""
+    for claimed in unrun:
+        ref = claimed.claim
+        await driver.nack(
+            claimed.id, NackOptions(ref.worker_id, ref.claim, run_at=now, count_attempt=False)
+        )
 
 
 def _frozen_clock(driver: JobDriver, clock: FrozenClock | None) -> FrozenClock:
