@@ -19,21 +19,51 @@ from datetime import datetime, timedelta
 
 from .clock import SYSTEM_CLOCK, Clock
 from .constants import DEFAULT_EVENT_TTL_S
+from .errors import InvariantError
 from .facade import installed_driver
 from .ids import new_id
-from .jsonvalue import json_contains, json_roundtrip
+from .jsonvalue import json_contains, json_roundtrip, storable_strings, storable_text
 from .model import EventRecord, JsonValue
 from .protocol import EventBus, JobDriver
 
 __all__ = [
     "MemoryEventBus",
     "event_bus",
+    "event_json",
+    "event_name",
     "memory_event_bus",
     "publish_event",
     "reset_event_bus",
     "resolve_event_bus",
     "set_event_bus",
 ]
+
+
+def event_name(event: str) -> str:
+    """``event``, refused (``X_INVARIANT``) unless every bus can store it: a non-empty string
+    with no NUL character and no lone surrogate. Every bus checks, so all refuse alike."""
+    if not isinstance(event, str) or not event or not storable_text(event):
+        raise InvariantError(
+            f"an event name must be a non-empty string with no NUL character and no lone "
+            f"surrogate, got {event!r:.80}",
+            meta={"field": "event"},
+        )
+    return event
+
+
+def event_json(value: object, field: str) -> JsonValue:
+    """A payload or match as every bus stores and compares it (``json_roundtrip``), refused
+    (``X_INVARIANT``) when a string in it, key or value, holds a NUL character or a lone
+    surrogate: the Postgres bus's jsonb keeps neither, and the others must not keep what it
+    refuses."""
+    stored = json_roundtrip(value)
+    if not storable_strings(stored):
+        raise InvariantError(
+            f"an event's {field} holds a string with a NUL character or a lone surrogate, which "
+            "no bus stores; encode such bytes (base64, say) before publishing",
+            meta={"field": field},
+        )
+    return stored
 
 
 class MemoryEventBus:
@@ -49,8 +79,8 @@ class MemoryEventBus:
         now = self._clock.now()
         record = EventRecord(
             id=new_id(),
-            event=event,
-            payload=json_roundtrip(payload),
+            event=event_name(event),
+            payload=event_json(payload, "payload"),
             published_at=now,
             expires_at=now + timedelta(seconds=DEFAULT_EVENT_TTL_S if ttl is None else ttl),
         )
@@ -65,6 +95,9 @@ class MemoryEventBus:
         until: datetime | None = None,
         match: Mapping[str, JsonValue] | None = None,
     ) -> EventRecord | None:
+        event_name(event)
+        if match is not None:
+            event_json(match, "match")
         now = self._clock.now()
         for record in self._events:
             if (

@@ -33,6 +33,7 @@ from .errors import (
 )
 from .facade import enqueuer_clock, jobs_facade
 from .ids import new_id
+from .jsonvalue import storable_text
 from .model import Enqueued, EnqueueRequest
 from .retry import Retry
 from .tenancy import Actor
@@ -181,7 +182,7 @@ class JobHandle(registry.Declared, Generic[InputT, ResultT]):
         if org is None:
             return None
         tenant = str(org)
-        if not _storable(tenant):
+        if not storable_text(tenant):
             raise JobDeclarationInvalidError(
                 f"{self.name}: tenant(input) answered {tenant!r}, which holds a NUL character or "
                 "a lone surrogate (Postgres stores neither as text)",
@@ -191,7 +192,7 @@ class JobHandle(registry.Declared, Generic[InputT, ResultT]):
 
     def idempotency_key_of(self, value: InputT) -> str:
         key = self.idempotency_key(value)
-        if not isinstance(key, str) or not key or not _storable(key):
+        if not isinstance(key, str) or not key or not storable_text(key):
             raise JobDeclarationInvalidError(
                 f"{self.name}: idempotency_key(input) must answer a non-empty string with no NUL "
                 f"character and no lone surrogate (every driver stores it as text), got {key!r}",
@@ -212,7 +213,7 @@ class JobHandle(registry.Declared, Generic[InputT, ResultT]):
             not isinstance(key, str)
             or not key
             or len(key) > MAX_CONCURRENCY_KEY_LENGTH
-            or not _storable(key)
+            or not storable_text(key)
         ):
             raise JobConcurrencyKeyInvalidError(
                 f"{self.name}: concurrency.key(input) must answer a non-empty string of at most "
@@ -581,25 +582,10 @@ def _positive(value: Duration | None, field_name: str) -> float | None:
 
 
 def _check_name(value: Any, field_name: str) -> str:
-    if not isinstance(value, str) or not value.strip() or not _storable(value):
+    if not isinstance(value, str) or not value.strip() or not storable_text(value):
         raise JobDeclarationInvalidError(
             f"{field_name} must be a non-empty string with no NUL character and no lone "
             f"surrogate, got {value!r}",
             meta={"field": field_name},
         )
     return value
-
-
-def _storable(text: str) -> bool:
-    """Whether every driver can store ``text``: Postgres keeps no NUL character in a text
-    column, and a lone surrogate has no UTF-8 form. Refused at enqueue, with the job's name,
-    rather than by one driver's statement and not by another's."""
-    if "\x00" in text:
-        return False
-    if text.isascii():
-        return True
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        return False
-    return True

@@ -13,7 +13,14 @@ from uuid import UUID
 
 from .model import JsonValue
 
-__all__ = ["json_contains", "json_roundtrip", "json_text", "to_json"]
+__all__ = [
+    "json_contains",
+    "json_roundtrip",
+    "json_text",
+    "storable_strings",
+    "storable_text",
+    "to_json",
+]
 
 
 def json_roundtrip(value: Any) -> JsonValue:
@@ -22,6 +29,32 @@ def json_roundtrip(value: Any) -> JsonValue:
     stored = to_json(value)
     # Only a model's dump has not been through JSON text yet; everything else already has.
     return json.loads(_ENCODER.encode(stored)) if _is_model(value) else stored
+
+
+def storable_text(text: str) -> bool:
+    """Whether every driver can store ``text``: Postgres keeps no NUL character in a text
+    column (nor in jsonb), and a lone surrogate has no UTF-8 form. Refused before it reaches a
+    driver, rather than by one driver's statement and not by another's."""
+    if "\x00" in text:
+        return False
+    if text.isascii():
+        return True
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def storable_strings(value: JsonValue) -> bool:
+    """Whether every string in ``value``, keys included, is ``storable_text``."""
+    if isinstance(value, str):
+        return storable_text(value)
+    if isinstance(value, dict):
+        return all(storable_text(k) and storable_strings(v) for k, v in value.items())
+    if isinstance(value, list):
+        return all(storable_strings(item) for item in value)
+    return True
 
 
 def json_text(value: JsonValue) -> str:

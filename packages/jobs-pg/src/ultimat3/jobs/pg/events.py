@@ -15,8 +15,9 @@ from datetime import datetime
 from typing import Any
 
 from ultimat3.jobs.core.constants import DEFAULT_EVENT_TTL_S
+from ultimat3.jobs.core.events import event_json, event_name
 from ultimat3.jobs.core.ids import new_id
-from ultimat3.jobs.core.jsonvalue import json_roundtrip, json_text
+from ultimat3.jobs.core.jsonvalue import json_text
 from ultimat3.jobs.core.model import EventRecord, JsonValue
 
 from .executor import PgTarget, pg_executor
@@ -44,8 +45,8 @@ class PostgresEventBus:
             SQL_EVENT_PUBLISH,
             {
                 "id": new_id(),
-                "event": event,
-                "payload": json_text(json_roundtrip(payload)),
+                "event": event_name(event),
+                "payload": json_text(event_json(payload, "payload")),
                 "ttl_s": DEFAULT_EVENT_TTL_S if ttl is None else float(ttl),
             },
             idempotent=True,  # a repeat under the same id answers the row the first one stored
@@ -63,10 +64,10 @@ class PostgresEventBus:
         rows = await self._executor.fetch(
             SQL_EVENT_LOOKUP,
             {
-                "event": event,
+                "event": event_name(event),
                 "since": since,
                 "until": until,
-                "match": None if match is None else json_text(json_roundtrip(match)),
+                "match": None if match is None else json_text(event_json(match, "match")),
             },
             idempotent=True,
         )

@@ -16,8 +16,9 @@ from datetime import datetime
 from typing import cast
 
 from ultimat3.jobs.core.constants import DEFAULT_EVENT_TTL_S
+from ultimat3.jobs.core.events import event_json, event_name
 from ultimat3.jobs.core.ids import new_id
-from ultimat3.jobs.core.jsonvalue import json_contains, json_roundtrip, json_text
+from ultimat3.jobs.core.jsonvalue import json_contains, json_text
 from ultimat3.jobs.core.model import EventRecord, JsonValue
 
 from .codec import from_us, to_us
@@ -38,7 +39,8 @@ class RedisEventBus:
     async def publish(
         self, event: str, payload: JsonValue, *, ttl: float | None = None
     ) -> EventRecord:
-        stored = json_roundtrip(payload)
+        event_name(event)
+        stored = event_json(payload, "payload")
         event_id = new_id()
         seconds = DEFAULT_EVENT_TTL_S if ttl is None else ttl
         published, expires = await self._ns.call(
@@ -65,6 +67,9 @@ class RedisEventBus:
         until: datetime | None = None,
         match: Mapping[str, JsonValue] | None = None,
     ) -> EventRecord | None:
+        event_name(event)
+        if match is not None:
+            event_json(match, "match")
         now = await self.now()
         index = self._ns.key(f"evby:{event}")
         last_score = "+inf" if until is None else to_us(until)

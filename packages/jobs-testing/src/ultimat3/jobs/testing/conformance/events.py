@@ -6,11 +6,15 @@ time only through ``bus.now()`` and never move it.
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 
+import pytest
+
+from ultimat3.jobs.core import InvariantError
 from ultimat3.jobs.core.constants import DEFAULT_EVENT_TTL_S
 
-from .target import Conformance
+from .target import Conformance, exactly
 
 __all__ = ["EventBusRules"]
 
@@ -75,6 +79,13 @@ class EventBusRules:
         assert await bus.lookup("paid", since=since, match={"invoice": "i-3"}) is None
         assert await bus.lookup("paid", since=since, match={"missing": None}) is None
 
+    async def test_lookup_matches_a_nested_object_by_containment(self, jobs: Conformance) -> None:
+        bus = jobs.events
+        since = await bus.now()
+        wanted = await bus.publish("paid", {"customer": {"id": 1, "name": "x"}})
+        assert await bus.lookup("paid", since=since, match={"customer": {"id": 1}}) == wanted
+        assert await bus.lookup("paid", since=since, match={"customer": {"id": 2}}) is None
+
     async def test_lookup_answers_the_earliest_match(self, jobs: Conformance) -> None:
         bus = jobs.events
         since = await bus.now()
@@ -86,6 +97,18 @@ class EventBusRules:
         since = await jobs.events.now()
         await jobs.events.publish("e", {"n": 1}, ttl=0)
         assert await jobs.events.lookup("e", since=since) is None
+
+    async def test_an_event_is_found_until_its_ttl_passes(self, jobs: Conformance) -> None:
+        """A bus on the suite's clock sees it move; one on its server's sees real time pass."""
+        bus = jobs.events
+        since = await bus.now()
+        record = await bus.publish("e", {"n": 1}, ttl=0.2)
+        assert await bus.lookup("e", since=since) == record
+        jobs.advance(1)
+        async with asyncio.timeout(10):
+            while await bus.now() <= record.expires_at:
+                await asyncio.sleep(0.05)
+        assert await bus.lookup("e", since=since) is None
 
     async def test_purge_removes_only_expired_events(self, jobs: Conformance) -> None:
         bus = jobs.events
@@ -104,3 +127,20 @@ class EventBusRules:
         found = await jobs.events.lookup("e", since=since)
         assert found is not None
         assert found.payload == payload
+        assert exactly(found.payload) == exactly(payload)  # True stays true, 2.5 a float
+
+    async def test_text_no_bus_stores_is_refused_alike(self, jobs: Conformance) -> None:
+        """A NUL character or a lone surrogate, in the name or anywhere in the payload or the
+        match: Postgres's jsonb keeps neither, so no bus does, and each says so the same way."""
+        bus = jobs.events
+        for name, payload in [
+            ("e\x00", {}),
+            ("\ud800", {}),
+            ("e", {"s": "a\x00b"}),
+            ("e", {"k\x00": 1}),
+            ("e", {"list": ["\udfff"]}),
+        ]:
+            with pytest.raises(InvariantError):
+                await bus.publish(name, payload)
+        with pytest.raises(InvariantError):
+            await bus.lookup("e", since=await bus.now(), match={"s": "\x00"})

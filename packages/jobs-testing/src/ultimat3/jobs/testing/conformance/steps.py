@@ -5,7 +5,7 @@ from __future__ import annotations
 from ultimat3.jobs.core import ClaimRef, StepRecord
 from ultimat3.jobs.core.model import STEP_KINDS, JsonValue
 
-from .target import Conformance
+from .target import Conformance, exactly
 
 __all__ = ["StepRules"]
 
@@ -78,6 +78,12 @@ class StepRules:
             [],
             {},
             {"a": [1, {"b": None}]},
+            1.0,
+            1e16,
+            -0.0,
+            [True, 1, 1.5],
+            "nul \x00 inside",
+            {"z": 1, "a": 2},
         ]
         steps = {
             f"s{seq}": StepRecord(f"s{seq}", seq, output) for seq, output in enumerate(outputs)
@@ -85,7 +91,12 @@ class StepRules:
         for step in steps.values():
             assert await jobs.driver.save_step(held.id, held.claim, held.run_id, step)
         assert await jobs.nack(held)
-        assert dict((await jobs.claim_one(held.queue)).steps) == steps
+        replayed = dict((await jobs.claim_one(held.queue)).steps)
+        assert replayed == steps
+        # == holds True == 1 and 1.0 == 1: a replay must give back the very types it stored.
+        assert {name: exactly(s.output) for name, s in replayed.items()} == {
+            name: exactly(s.output) for name, s in steps.items()
+        }
 
     async def test_steps_belong_to_their_run(self, jobs: Conformance) -> None:
         held = await jobs.running(queue="q")

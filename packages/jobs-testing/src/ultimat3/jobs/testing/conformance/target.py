@@ -8,6 +8,7 @@ checked by advancing it, never by sleeping.
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -47,6 +48,7 @@ __all__ = [
     "Conformance",
     "ConformanceTarget",
     "TargetFactory",
+    "exactly",
     "open_conformance",
 ]
 
@@ -90,6 +92,14 @@ TargetFactory: TypeAlias = Callable[
     [FrozenClock, pytest.FixtureRequest], AbstractAsyncContextManager[ConformanceTarget]
 ]
 """``factory(clock, request)``: an async context manager yielding a fresh, empty target."""
+
+
+def exactly(value: JsonValue) -> str:
+    """``value`` in a form that tells apart what ``==`` equates (``True`` and ``1``, ``1.0`` and
+    ``1``, a ``Decimal`` and a float, which JSON cannot even write): two values are the same
+    JSON value when these match. Key order is not part of a value; what is not JSON shows as
+    its type and repr, so it matches no JSON value."""
+    return json.dumps(value, sort_keys=True, default=lambda o: f"<{type(o).__name__} {o!r}>")
 
 
 def _offered(part: T | None, what: str) -> T:
