@@ -59,6 +59,29 @@ async def test_concurrent_calls_each_get_their_own_reply(wire: Wire, redis_prefi
     assert replies == [f"{redis_prefix}-{i}" for i in range(200)]
 
 
+async def test_a_call_made_while_the_connection_opens_waits_for_its_setup(wire: Wire) -> None:
+    """redis-py's connection counts as connected from the socket's opening, before its setup
+    exchange with the server is over: a call written then would take that exchange's replies."""
+    connection = wire._connection
+    setup = connection.on_connect_check_health
+    in_setup, go_on = asyncio.Event(), asyncio.Event()
+
+    async def held_setup(*args: Any, **kwargs: Any) -> None:
+        in_setup.set()
+        await go_on.wait()
+        await setup(*args, **kwargs)
+
+    connection.on_connect_check_health = held_setup  # type: ignore[method-assign]
+    first = asyncio.ensure_future(wire.call(["ECHO", "first"]))
+    await in_setup.wait()
+    assert connection.is_connected  # the socket is open, its setup not done
+    second = asyncio.ensure_future(wire.call(["ECHO", "second"]))
+    await asyncio.sleep(0.1)
+    assert not second.done()
+    go_on.set()
+    assert await asyncio.gather(first, second) == ["first", "second"]
+
+
 async def test_an_error_reply_fails_only_its_own_call(wire: Wire) -> None:
     results = await asyncio.gather(
         wire.call(["ECHO", "a"]),

@@ -89,7 +89,12 @@ class Wire:
 
     async def call(self, args: Sequence[str]) -> Any:
         command = pack(args)
-        if self._stale or not self._connection.is_connected or (self._idle and self._peer_closed()):
+        if (
+            self._stale
+            or not self._connection.is_connected
+            or (self._dialing is not None and self._dialing.locked())
+            or (self._idle and self._peer_closed())
+        ):
             await self._dial()
         if self._idle:
             return await self._call_alone(command)
@@ -191,6 +196,9 @@ class Wire:
             self._reader = asyncio.get_running_loop().create_task(self._read())
 
     async def _dial(self) -> None:
+        """Open the connection, once, while every other call waits: the socket counts as
+        connected before redis-py's setup exchange (``CLIENT SETINFO`` and the like) is over,
+        and a call written then would read that exchange's replies, or it would read theirs."""
         if self._dialing is None:
             self._dialing = asyncio.Lock()
         async with self._dialing:
@@ -238,12 +246,18 @@ class Wire:
                 self._reader = None
 
     def _fail(self, cause: BaseException) -> BaseException:
-        """Break the connection for ``cause``; what the call that met it raises instead: a
-        missed deadline as a ``ConnectionError`` saying so, anything else (a cancel too) as is."""
-        if self._expired and not isinstance(cause, asyncio.CancelledError):
+        """Break the connection for ``cause``; what the call that met it raises instead. A
+        cancel is raised as is. Anything else is a ``ConnectionError`` (a missed deadline says
+        so): a stream that failed mid-read or mid-write, however it failed (a reply out of
+        step, a protocol error), leaves unknown whether the server ran the command, which is
+        what callers that can find out (a claim's read-back, a settle sent again) catch."""
+        if isinstance(cause, asyncio.CancelledError):
+            self._broken("the call was cancelled")
+            return cause
+        if self._expired:
             return self._broken(f"no reply within command_timeout={self._timeout:g} s")
-        self._broken(str(cause) or type(cause).__name__)
-        return cause
+        broken = self._broken(str(cause) or type(cause).__name__)
+        return cause if isinstance(cause, ConnectionError) else broken
 
     def _broken(self, reason: str) -> ConnectionError:
         """Fail every call still owed a reply, and make the next call dial afresh."""
