@@ -11,6 +11,7 @@ from functools import partial
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry
 from support.eventually import run_clock, settle, until
 from support.jobs import Item
 from support.jobs import item_job as any_item_job
@@ -18,9 +19,11 @@ from support.jobs import item_job as any_item_job
 from ultimat3.jobs.core import (
     FrozenClock,
     JobDrainedError,
+    JobMetrics,
     JobState,
     Retry,
     configure_lifecycle,
+    install_shutdown_signals,
     job_worker,
     on_shutdown,
     shutdown,
@@ -167,6 +170,31 @@ async def test_a_drained_body_that_ignores_it_is_still_torn_down_at_its_deadline
     body.release.set()
 
 
+async def test_a_run_the_drain_abandoned_is_still_counted_when_it_settles(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    body = Held(stubborn=True)
+    handle = item_job(body.run)
+    found = JobMetrics(registry=CollectorRegistry())
+    worker = job_worker(
+        driver=driver,
+        context=lambda: None,
+        jobs=[handle],
+        clock=clock,
+        drain_deadline=25,
+        metrics=found,
+    )
+    await worker.start()
+    await handle.enqueue(Item(1))
+    await until(lambda: body.started == [1])
+    draining = asyncio.ensure_future(worker.drain())
+    await run_clock(clock, 25)
+    await until(draining.done)
+    body.release.set()
+    await until(lambda: worker.stats.completed == 1)
+    assert found.jobs_total.labels("default", "ok")._value.get() == 1
+
+
 async def test_a_row_claimed_as_the_drain_begins_goes_back_without_running(
     driver: MemoryJobDriver, clock: FrozenClock
 ) -> None:
@@ -310,6 +338,41 @@ async def test_run_drains_on_sigterm_and_returns(
     assert body.reasons[1].meta["signal"] == "SIGTERM"
     assert (await row(driver, queued.id)).state is JobState.READY
     assert froze == [True]  # a process that runs a worker tunes its collector
+
+
+async def test_one_role_returning_leaves_sigterm_to_the_drain_still_running() -> None:
+    """Two roles run in one process, each with the signals installed: the handlers stay until
+    the last lets go, so a second SIGTERM never meets the default action (the process killed
+    mid-drain) while a role still drains."""
+    first, second = install_shutdown_signals(), install_shutdown_signals()
+    first()
+    first()  # a remover is good once
+    assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+    second()
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+async def test_run_returns_once_every_role_of_the_process_has_closed(
+    driver: MemoryJobDriver, clock: FrozenClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(worker_module, "tune_collector_for_worker", lambda: None)
+    closing, closed = asyncio.Event(), []
+
+    async def slow_close(deadline: Any) -> None:
+        closing.set()
+        await asyncio.sleep(0.2)
+        closed.append(True)
+
+    remove = on_shutdown(lambda reason: None, slow_close)
+    try:
+        worker = job_worker(driver=driver, context=lambda: None, queues=["q"], clock=clock)
+        running = asyncio.ensure_future(worker.run())
+        await until(lambda: worker.in_flight == [] and worker._state == "running")
+        os.kill(os.getpid(), signal.SIGTERM)
+        await asyncio.wait_for(running, timeout=10)
+        assert closed == [True]
+    finally:
+        remove()
 
 
 async def test_the_worker_leaves_the_driver_it_was_handed_open(

@@ -36,7 +36,13 @@ from .introspection import (
 )
 from .job import AnyJobHandle, Concurrency, JobDescriptor, JobHandle, job, job_lease_key
 from .leader import LeaseStoreLeader, lease_store_leader
-from .lifecycle import configure_lifecycle, install_shutdown_signals, on_shutdown, shutdown
+from .lifecycle import (
+    configure_lifecycle,
+    install_shutdown_signals,
+    on_shutdown,
+    shutdown,
+    signalled_shutdown,
+)
 from .limits import LimitConfig, ProcessLimits, RateLimit
 from .memory import memory_job_driver
 from .memory.outbox import memory_outbox_store
@@ -204,6 +210,7 @@ __all__ = [
     "next_occurrence",
     "configure_lifecycle",
     "install_shutdown_signals",
+    "signalled_shutdown",
     "on_shutdown",
     "shutdown",
     "LimitConfig",

@@ -19,7 +19,7 @@ import asyncio
 import logging
 import signal
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -41,6 +41,7 @@ __all__ = [
     "on_shutdown",
     "positive_seconds",
     "shutdown",
+    "signalled_shutdown",
 ]
 
 AcceptHook = Callable[[str], None]
@@ -102,31 +103,76 @@ async def shutdown(reason: str = "shutdown", *, deadline: float | None = None) -
             )
 
 
+@dataclass
+class _Signals:
+    """The SIGTERM/SIGINT handlers of one loop, shared by everyone who installed them."""
+
+    loop: asyncio.AbstractEventLoop
+    holders: int = 0
+    installed: list[signal.Signals] = field(default_factory=list)
+    shutdown: asyncio.Task[None] | None = None
+
+    def begin(self, name: str) -> None:
+        if self.shutdown is None:
+            self.shutdown = self.loop.create_task(shutdown(name))
+            self.shutdown.add_done_callback(lambda _: self.restore_if_unheld())
+
+    def restore_if_unheld(self) -> None:
+        """Hand the signals back to their defaults once nobody holds them and no shutdown they
+        began still runs (a second SIGTERM then would kill the process mid-drain)."""
+        global _signals
+        if self.holders or (self.shutdown is not None and not self.shutdown.done()):
+            return
+        for sig in self.installed:
+            self.loop.remove_signal_handler(sig)
+        self.installed.clear()
+        if _signals is self:
+            _signals = None
+
+
+_signals: _Signals | None = None
+
+
 def install_shutdown_signals() -> Callable[[], None]:
     """Make SIGTERM and SIGINT call ``shutdown()`` on the running loop; answers the remover.
 
     A second signal while a shutdown runs is ignored: the drain already under way is the answer.
+    Every role's ``run()`` installs them: the handlers are one set per loop, kept until the last
+    holder removes them and the shutdown they began has ended, so a role that returns first
+    does not give SIGTERM back its default action while another still drains.
     """
+    global _signals
     loop = asyncio.get_running_loop()
-    running: list[asyncio.Task[None]] = []
-
-    def begin(name: str) -> None:
-        if not running:
-            running.append(loop.create_task(shutdown(name)))
-
-    installed: list[signal.Signals] = []
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        try:
-            loop.add_signal_handler(sig, begin, sig.name)
-        except (NotImplementedError, RuntimeError):  # pragma: no cover - non-main thread, Windows
-            continue
-        installed.append(sig)
+    state = _signals
+    if state is None or state.loop is not loop:
+        state = _signals = _Signals(loop)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                loop.add_signal_handler(sig, state.begin, sig.name)
+            except (NotImplementedError, RuntimeError):  # pragma: no cover - non-main thread
+                continue
+            state.installed.append(sig)
+    state.holders += 1
+    removed = False
 
     def remove() -> None:
-        for sig in installed:
-            loop.remove_signal_handler(sig)
+        nonlocal removed
+        if not removed:
+            removed = True
+            state.holders -= 1
+            state.restore_if_unheld()
 
     return remove
+
+
+async def signalled_shutdown() -> None:
+    """Wait for the shutdown a signal began on this loop, if one did, to have closed every
+    role: a role's ``run()`` returns after it, not after its own stop alone."""
+    state = _signals
+    if state is not None and state.loop is asyncio.get_running_loop():
+        running = state.shutdown
+        if running is not None:
+            await asyncio.shield(running)
 
 
 def idle_ceiling(declared: float | None, wake: QueueWake | None) -> float:

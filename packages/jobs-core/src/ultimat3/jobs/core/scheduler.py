@@ -49,6 +49,7 @@ from .lifecycle import (
     lifecycle_deadline,
     on_shutdown,
     positive_seconds,
+    signalled_shutdown,
 )
 from .logs import log_event
 from .memory.scheduler import always_leader, memory_scheduler_state
@@ -173,6 +174,7 @@ class JobScheduler:
         remove = install_shutdown_signals()
         try:
             await self._stopped.wait()
+            await signalled_shutdown()  # the other roles of the process close too
         finally:
             remove()
 

@@ -97,6 +97,7 @@ from .lifecycle import (
     lifecycle_deadline,
     on_shutdown,
     positive_seconds,
+    signalled_shutdown,
 )
 from .limits import LimitConfig, ProcessLimits
 from .logs import log_event
@@ -459,6 +460,7 @@ class JobWorker:
         remove = install_shutdown_signals()
         try:
             await self._stopped.wait()
+            await signalled_shutdown()  # the other roles of the process close too
         finally:
             remove()
 
@@ -930,6 +932,8 @@ class JobWorker:
         self.stats.count(outcome)
         key = (queue, outcome)
         self._tally[key] = self._tally.get(key, 0) + 1
+        if self._state == "stopped":  # a run the drain abandoned: no pass flushes it now
+            self._flush_tally()
 
     def _record(self, queue: str, execution: JobExecution) -> None:
         self._count(queue, execution.outcome)
