@@ -87,6 +87,8 @@ _Taken = tuple[list[Any], list[str]]
 """A row a claim took, as claim.lua answers it: its CLAIMED_FIELDS values, its steps."""
 _Buried = list[Any]
 """A row a claim buried, as claim.lua answers it: its EXHAUSTED_FIELDS values."""
+_QUEUE_AT, _LEASE_AT, _CLAIM_AT = 3, 11, 13
+"""Where a taken row's queue, lease and claim token sit among its CLAIMED_FIELDS values."""
 
 
 @reports_unavailable
@@ -134,7 +136,7 @@ class RedisJobDriver:
         self._backfills = RedisBackfillLedger(self._ns)
         self._events = RedisEventBus(self._ns)
         self._unanswered: UnansweredClaims[_Taken, _Buried] = UnansweredClaims(
-            self._claimed_late, queue_of=lambda taken: str(taken[0][3])
+            self._claimed_late, queue_of=lambda taken: str(taken[0][_QUEUE_AT])
         )
 
     @property
@@ -253,11 +255,12 @@ class RedisJobDriver:
         if late.taken:
             args = [str(len(late.taken))]
             for values, _ in late.taken:
-                args += (values[0], worker_id, values[13], lease_until)
+                args += (values[0], worker_id, values[_CLAIM_AT], lease_until)
             landed = await self._ns.call("heartbeat", *args)
             for (values, steps), held in zip(late.taken, landed, strict=True):
                 if held:
-                    renewed.append(([*values[:11], lease_until, *values[12:]], steps))
+                    values = [*values[:_LEASE_AT], lease_until, *values[_LEASE_AT + 1 :]]
+                    renewed.append((values, steps))
         return _batch(renewed, late.buried)
 
     # -- settles and renewals, coalesced ------------------------------------------------------
