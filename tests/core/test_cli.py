@@ -313,3 +313,25 @@ def test_a_reader_that_went_away_ends_the_command_quietly(
         os.close(read)
         os.close(write)
     assert capsys.readouterr().err == ""
+
+
+def test_a_plugin_that_cannot_register_is_skipped_saying_so(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A command plugin written for another signature takes no core command down."""
+
+    def old_register(subparsers: Any) -> None:
+        raise AssertionError("never called with one argument")
+
+    class EntryPoint:
+        name = "old"
+
+        def load(self) -> Any:
+            return old_register
+
+    def plugins(*, group: str) -> list[EntryPoint]:
+        return [EntryPoint()] if group == "ultimat3.jobs.commands" else []
+
+    monkeypatch.setattr(cli, "entry_points", plugins)
+    assert cli.main(["--url", "nosuch://x", "queues"]) == 1
+    assert "skipping the 'old' commands" in capsys.readouterr().err

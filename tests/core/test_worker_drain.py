@@ -195,6 +195,40 @@ async def test_a_run_the_drain_abandoned_is_still_counted_when_it_settles(
     assert found.jobs_total.labels("default", "ok")._value.get() == 1
 
 
+async def test_a_run_that_settles_while_the_worker_deregisters_is_counted(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    body = Held(stubborn=True)
+    handle = item_job(body.run)
+    found = JobMetrics(registry=CollectorRegistry())
+    worker = job_worker(
+        driver=driver,
+        context=lambda: None,
+        jobs=[handle],
+        clock=clock,
+        drain_deadline=25,
+        metrics=found,
+    )
+    deregistered = asyncio.Event()
+    remove_worker = driver.introspect.remove_worker
+
+    async def slow_remove(worker_id: str) -> None:
+        body.release.set()  # the abandoned run settles while the worker deregisters
+        await deregistered.wait()
+        await remove_worker(worker_id)
+
+    driver.introspect.remove_worker = slow_remove  # type: ignore[method-assign]
+    await worker.start()
+    await handle.enqueue(Item(1))
+    await until(lambda: body.started == [1])
+    draining = asyncio.ensure_future(worker.drain())
+    await run_clock(clock, 25)
+    await until(lambda: worker.stats.completed == 1)
+    deregistered.set()
+    await until(draining.done)
+    assert found.jobs_total.labels("default", "ok")._value.get() == 1
+
+
 async def test_a_row_claimed_as_the_drain_begins_goes_back_without_running(
     driver: MemoryJobDriver, clock: FrozenClock
 ) -> None:

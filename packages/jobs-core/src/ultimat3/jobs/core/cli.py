@@ -444,12 +444,10 @@ def _parser() -> argparse.ArgumentParser:
     manifest.set_defaults(handler=_manifest)
 
     for ep in entry_points(group="ultimat3.jobs.commands"):
-        try:
-            register = ep.load()
-        except Exception as exc:  # a broken plugin must not take the core commands down
+        try:  # a broken plugin must not take the core commands down
+            ep.load()(sub, common)
+        except Exception as exc:
             sys.stderr.write(f"ujobs: skipping the {ep.name!r} commands: {exc}\n")
-            continue
-        register(sub, common)
     return parser
 
 
@@ -466,6 +464,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
     except Exception as error:  # the backend's own refusal: a read-only server, a timeout
+        if os.environ.get("UJOBS_TRACEBACK"):
+            raise
         said = f"{type(error).__name__}: {error}"
         _report(args, None, said, {"error": type(error).__name__}, said)
         return 1

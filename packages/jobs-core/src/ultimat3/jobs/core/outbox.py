@@ -193,7 +193,8 @@ class OutboxRelay:
         """A wake that never hears the outbox (Redis pub/sub: stages are announced in Postgres)
         proves nothing about staged rows: the relay polls as without one."""
         wake = self._wake
-        heard = wake if wake is not None and wake.hears_outbox else None
+        # getattr: a wake written before the protocol named the member hears no outbox.
+        heard = wake if wake is not None and getattr(wake, "hears_outbox", False) else None
         return idle_ceiling(self._idle_max, heard)
 
     async def _close(self, budget: float | None) -> None:

@@ -529,7 +529,6 @@ class JobWorker:
                 "drain_deadline past your slowest job, or make its body honour ctx.signal",
             )
         await self._renewals.stop()
-        self._flush_tally()
         for unsubscribe in self._unsubscribe:
             unsubscribe()
         self._unsubscribe.clear()
@@ -540,6 +539,7 @@ class JobWorker:
             except Exception as exc:
                 log_event(logging.WARNING, "jobs.worker.registry-failed", error=repr(exc))
         self._state = "stopped"
+        self._flush_tally()  # from here on, a late settle flushes its own count (_count)
         self._stopped.set()
         log_event(logging.INFO, "jobs.worker.stopped", worker=self.id, stats=self.stats)
 

@@ -334,8 +334,9 @@ class PostgresJobDriver:
         """The rows a lost claim committed after its read-back (core's ``unanswered``), each
         that runs renewed to ``lease_until`` first: its lease ran from the lost claim's start. A
         row whose renewal did not land (cancelled meanwhile) is left out. The burials are made
-        durable before the renewals, which move the rows a later look finds by their lease:
-        when either fails, the rows are all still there to be found."""
+        durable before the renewals, which move the rows a later look finds by their lease: when
+        the flush fails, or the renewal fails before it ran, a later look finds every row
+        again. (A renewal that ran and lost its answer leaves them to the lease it set.)"""
         await self._flush_burials(late.buried)
         renewals = [(row[1], worker_id, row[14], lease_until.isoformat()) for row in late.taken]
         landed = await self._flush_heartbeats(renewals) if renewals else []
