@@ -170,12 +170,11 @@ async def test_a_drained_body_that_ignores_it_is_still_torn_down_at_its_deadline
     body.release.set()
 
 
-async def test_a_run_the_drain_abandoned_is_still_counted_when_it_settles(
-    driver: MemoryJobDriver, clock: FrozenClock
-) -> None:
-    body = Held(stubborn=True)
+def counted_worker(
+    driver: MemoryJobDriver, clock: FrozenClock, body: Held, found: JobMetrics
+) -> tuple[Any, Any]:
+    """A job over ``body`` and a worker counting into ``found``, with a 25 s drain budget."""
     handle = item_job(body.run)
-    found = JobMetrics(registry=CollectorRegistry())
     worker = job_worker(
         driver=driver,
         context=lambda: None,
@@ -184,6 +183,14 @@ async def test_a_run_the_drain_abandoned_is_still_counted_when_it_settles(
         drain_deadline=25,
         metrics=found,
     )
+    return handle, worker
+
+
+async def test_a_run_the_drain_abandoned_is_still_counted_when_it_settles(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    body, found = Held(stubborn=True), JobMetrics(registry=CollectorRegistry())
+    handle, worker = counted_worker(driver, clock, body, found)
     await worker.start()
     await handle.enqueue(Item(1))
     await until(lambda: body.started == [1])
@@ -198,17 +205,8 @@ async def test_a_run_the_drain_abandoned_is_still_counted_when_it_settles(
 async def test_a_run_that_settles_while_the_worker_deregisters_is_counted(
     driver: MemoryJobDriver, clock: FrozenClock
 ) -> None:
-    body = Held(stubborn=True)
-    handle = item_job(body.run)
-    found = JobMetrics(registry=CollectorRegistry())
-    worker = job_worker(
-        driver=driver,
-        context=lambda: None,
-        jobs=[handle],
-        clock=clock,
-        drain_deadline=25,
-        metrics=found,
-    )
+    body, found = Held(stubborn=True), JobMetrics(registry=CollectorRegistry())
+    handle, worker = counted_worker(driver, clock, body, found)
     deregistered = asyncio.Event()
     remove_worker = driver.introspect.remove_worker
 
