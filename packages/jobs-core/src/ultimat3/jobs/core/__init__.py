@@ -40,8 +40,8 @@ from .lifecycle import (
     configure_lifecycle,
     install_shutdown_signals,
     on_shutdown,
+    serve_until,
     shutdown,
-    signalled_shutdown,
 )
 from .limits import LimitConfig, ProcessLimits, RateLimit
 from .memory import memory_job_driver
@@ -201,6 +201,7 @@ __all__ = [
     "reset_job_driver",
     "retry_schedule",
     "set_event_bus",
+    "serve_until",
     "set_job_driver",
     "set_jobs_facade",
     "signal_enqueued",
@@ -210,7 +211,6 @@ __all__ = [
     "next_occurrence",
     "configure_lifecycle",
     "install_shutdown_signals",
-    "signalled_shutdown",
     "on_shutdown",
     "shutdown",
     "LimitConfig",

@@ -40,8 +40,8 @@ __all__ = [
     "lifecycle_deadline",
     "on_shutdown",
     "positive_seconds",
+    "serve_until",
     "shutdown",
-    "signalled_shutdown",
 ]
 
 AcceptHook = Callable[[str], None]
@@ -165,14 +165,18 @@ def install_shutdown_signals() -> Callable[[], None]:
     return remove
 
 
-async def signalled_shutdown() -> None:
-    """Wait for the shutdown a signal began on this loop, if one did, to have closed every
-    role: a role's ``run()`` returns after it, not after its own stop alone."""
-    state = _signals
-    if state is not None and state.loop is asyncio.get_running_loop():
-        running = state.shutdown
-        if running is not None:
-            await asyncio.shield(running)
+async def serve_until(stopped: asyncio.Event) -> None:
+    """A role's ``run()`` once it has started: hold the shutdown signals until ``stopped`` is
+    set, then, when a signal began the shutdown, until it has closed every role of the process
+    (not this role's own stop alone)."""
+    remove = install_shutdown_signals()
+    try:
+        await stopped.wait()
+        state = _signals
+        if state is not None and state.shutdown is not None:
+            await asyncio.shield(state.shutdown)
+    finally:
+        remove()
 
 
 def idle_ceiling(declared: float | None, wake: QueueWake | None) -> float:

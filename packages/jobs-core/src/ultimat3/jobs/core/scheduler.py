@@ -45,11 +45,10 @@ from .errors import InvariantError
 from .lifecycle import (
     LateDeadline,
     Wakeup,
-    install_shutdown_signals,
     lifecycle_deadline,
     on_shutdown,
     positive_seconds,
-    signalled_shutdown,
+    serve_until,
 )
 from .logs import log_event
 from .memory.scheduler import always_leader, memory_scheduler_state
@@ -171,12 +170,7 @@ class JobScheduler:
     async def run(self) -> None:
         """Start, drain on SIGTERM/SIGINT (every role of the process), return once stopped."""
         await self.start()
-        remove = install_shutdown_signals()
-        try:
-            await self._stopped.wait()
-            await signalled_shutdown()  # the other roles of the process close too
-        finally:
-            remove()
+        await serve_until(self._stopped)
 
     async def run_once(self) -> list[TaskFire]:
         """One dispatch round now; answers the occurrences it fired."""

@@ -93,11 +93,10 @@ from .lifecycle import (
     LateDeadline,
     Wakeup,
     idle_ceiling,
-    install_shutdown_signals,
     lifecycle_deadline,
     on_shutdown,
     positive_seconds,
-    signalled_shutdown,
+    serve_until,
 )
 from .limits import LimitConfig, ProcessLimits
 from .logs import log_event
@@ -457,12 +456,7 @@ class JobWorker:
         more new objects (``heap.tune_collector_for_worker``)."""
         tune_collector_for_worker()
         await self.start()
-        remove = install_shutdown_signals()
-        try:
-            await self._stopped.wait()
-            await signalled_shutdown()  # the other roles of the process close too
-        finally:
-            remove()
+        await serve_until(self._stopped)
 
     async def __aenter__(self) -> JobWorker:
         await self.start()
