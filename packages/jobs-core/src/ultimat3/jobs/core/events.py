@@ -96,8 +96,7 @@ class MemoryEventBus:
         match: Mapping[str, JsonValue] | None = None,
     ) -> EventRecord | None:
         event_name(event)
-        if match is not None:
-            event_json(match, "match")
+        pattern = None if match is None else event_json(match, "match")  # as a payload is stored
         now = self._clock.now()
         for record in self._events:
             if (
@@ -105,7 +104,7 @@ class MemoryEventBus:
                 and record.published_at >= since
                 and (until is None or record.published_at <= until)
                 and record.expires_at > now
-                and (match is None or json_contains(record.payload, match))
+                and (pattern is None or json_contains(record.payload, pattern))
             ):
                 return replace(record, payload=deepcopy(record.payload))  # as a server's copy
         return None

@@ -68,8 +68,7 @@ class RedisEventBus:
         match: Mapping[str, JsonValue] | None = None,
     ) -> EventRecord | None:
         event_name(event)
-        if match is not None:
-            event_json(match, "match")
+        pattern = None if match is None else event_json(match, "match")  # as a payload is stored
         now = await self.now()
         index = self._ns.key(f"evby:{event}")
         last_score = "+inf" if until is None else to_us(until)
@@ -90,7 +89,7 @@ class RedisEventBus:
                 if not row or from_us(row["expires"]) <= now:
                     continue
                 payload = json.loads(row["payload"])
-                if match is None or json_contains(payload, match):
+                if pattern is None or json_contains(payload, pattern):
                     return EventRecord(
                         id=event_id,
                         event=event,
