@@ -28,3 +28,9 @@ def driver(clock: FrozenClock) -> Iterator[MemoryJobDriver]:
     yield installed
     reset_event_bus()
     reset_job_driver()
+
+
+@pytest.fixture
+def quick_ack_retries(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Acks sent again at once, not after a pause of real time."""
+    monkeypatch.setattr("ultimat3.jobs.core.execute.ACK_RETRY_FIRST_S", 0.0)

@@ -11,12 +11,14 @@ from typing import Any
 import pytest
 from support.drive import drain
 from support.jobs import declared
+from support.outage import AckOutage
 
 from ultimat3.jobs.core import (
     LEASE_LAPSED_FINAL_ATTEMPT,
     AbortController,
     AbortSignal,
     ClaimedJob,
+    DriverUnavailableError,
     FrozenClock,
     JobAbortedError,
     JobContext,
@@ -674,3 +676,63 @@ async def test_a_required_wait_that_timed_out_ends_the_run_on_that_attempt(
     assert (stored.state, stored.attempt) == (JobState.DEAD, 1)
     assert "X_JOB_TIMEOUT" in stored.last_error
     assert "replays its timeout on every retry" in stored.last_error
+
+
+@pytest.mark.usefixtures("quick_ack_retries")
+async def test_an_ack_the_backend_did_not_take_is_sent_again_while_the_lease_holds(
+    driver: MemoryJobDriver, clock: FrozenClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Given up after the driver's own retry, the ack of a completed job would leave its row to
+    lapse, and a final attempt's to be buried dead."""
+
+    async def ok(*, input: Ping) -> str:
+        return "pong"
+
+    handle = ping_job(ok, retry=Retry(attempts=1))
+    queued = await handle.enqueue(Ping("ack"))
+    flaky = AckOutage(driver, failures=3, step=5)
+    caplog.set_level(logging.WARNING)
+    execution = await execute_job(await claim_one(driver), driver=flaky, handle=handle)  # type: ignore[arg-type]
+    assert (execution.outcome, execution.settled, flaky.acks) == ("completed", True, 4)
+    assert (await row(driver, queued.id)).state is JobState.DONE
+    assert sum("jobs.ack.retrying" in r.getMessage() for r in caplog.records) == 3
+
+
+@pytest.mark.usefixtures("quick_ack_retries")
+async def test_an_ack_that_cannot_land_before_the_lease_lapses_raises(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    """Past its lease the row is another claim's to take: the failure is the worker's to log,
+    and the row returns through the claim."""
+
+    async def ok(*, input: Ping) -> None:
+        return None
+
+    handle = ping_job(ok)
+    queued = await handle.enqueue(Ping("gone"))
+    flaky = AckOutage(driver, failures=100, step=10)  # the claim's lease is 30 s
+    with pytest.raises(DriverUnavailableError):
+        await execute_job(await claim_one(driver), driver=flaky, handle=handle)  # type: ignore[arg-type]
+    assert flaky.acks == 3  # sent at 0 s, 10 s and 20 s; at 30 s the lease had lapsed
+    assert (await row(driver, queued.id)).state is JobState.RUNNING
+
+
+@pytest.mark.usefixtures("quick_ack_retries")
+async def test_the_ack_retries_stop_when_the_caller_says_the_lease_is_gone(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    async def ok(*, input: Ping) -> None:
+        return None
+
+    handle = ping_job(ok)
+    await handle.enqueue(Ping("refused"))
+    flaky = AckOutage(driver, failures=100)
+    held = iter([True, True, False])
+    with pytest.raises(DriverUnavailableError):
+        await execute_job(
+            await claim_one(driver),
+            driver=flaky,  # type: ignore[arg-type]
+            handle=handle,
+            holds_lease=lambda: next(held),
+        )
+    assert flaky.acks == 3

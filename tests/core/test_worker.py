@@ -899,6 +899,31 @@ async def test_a_dead_letter_false_job_enqueued_on_another_queue_is_buried_faile
     assert detail.row.state is JobState.FAILED
 
 
+async def test_a_dead_letter_false_job_declared_after_the_worker_started_is_buried_failed(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    """A job imported lazily, after ``start()``: the claim still names it among the jobs whose
+    exhausted rows are dropped, not dead-lettered."""
+
+    async def imported_late(*, input: Item) -> None:
+        return None
+
+    request = EnqueueRequest(
+        new_id(), new_id(), job_name_of(imported_late), "late", {"n": 1}, "k", None, 1, clock.now()
+    )
+    queued = await driver.enqueue(request)
+    await driver.claim(worker_id="gone", slots={"late": 1}, visibility_timeout=30)
+    worker = job_worker(driver=driver, context=lambda: None, queues=["late"], clock=clock)
+    async with worker:
+        await settle()
+        item_job(imported_late, retry=Retry(attempts=1, dead_letter=False), queue="late")
+        await run_clock(clock, 35)  # the lease lapses at 30 s; the idle poll comes within 2 s
+        await until(lambda: worker.stats.dropped == 1)
+    detail = await driver.introspect.get(queued.id)
+    assert detail is not None
+    assert detail.row.state is JobState.FAILED
+
+
 async def test_a_worker_cannot_be_started_twice(
     driver: MemoryJobDriver, clock: FrozenClock
 ) -> None:

@@ -14,6 +14,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from support.eventually import run_clock, settle, until
 from support.jobs import Item, item_job
+from support.outage import AckOutage
 
 from ultimat3.jobs.core import (
     ClaimRef,
@@ -482,3 +483,74 @@ async def test_a_run_settled_without_its_body_reports_no_lost_lease(
             await until(lambda: worker.stats.dead + worker.stats.refused > 0)
     assert events(caplog, "jobs.lease.lost") == []
     assert leases_lost(found) == 0
+
+
+@pytest.mark.usefixtures("quick_ack_retries")
+async def test_a_completed_final_attempt_whose_ack_fails_twice_still_ends_done(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    """An outage longer than the driver's own retry: given up, the ack would leave the row to
+    lapse, and the claim would bury this final attempt dead although its body completed."""
+    ran: list[int] = []
+
+    async def body(*, input: Item) -> None:
+        ran.append(input.n)
+
+    handle = item_job(body, retry=Retry(attempts=1))
+    flaky = AckOutage(driver, failures=2)
+    worker = job_worker(driver=flaky, context=lambda: None, jobs=[handle], clock=clock)  # type: ignore[arg-type]
+    async with worker:
+        queued = await handle.enqueue(Item(1))
+        await until(lambda: worker.stats.completed == 1)
+    assert (ran, flaky.acks) == ([1], 3)
+    detail = await driver.introspect.get(queued.id)
+    assert detail is not None
+    assert detail.row.state is JobState.DONE
+
+
+@pytest.mark.usefixtures("quick_ack_retries")
+async def test_the_worker_stops_sending_an_ack_once_the_lease_has_lapsed(
+    driver: MemoryJobDriver, clock: FrozenClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Renewals fail with the acks; a whole window later the row is the queue's again, and the
+    run is given up (the next claim re-delivers it)."""
+    flaky = AckOutage(driver, failures=10**9)
+    spy = HeartbeatSpy(flaky)  # type: ignore[arg-type]
+
+    async def down() -> bool:
+        raise ConnectionError("database gone")
+
+    spy.answer = down
+    handle = item_job(lambda *, input: None)
+    worker = job_worker(driver=spy, context=lambda: None, jobs=[handle], clock=clock)  # type: ignore[arg-type]
+    with caplog.at_level(logging.WARNING, logger="ultimat3.jobs"):
+        async with worker:
+            queued = await handle.enqueue(Item(1))
+            await until(lambda: flaky.acks > 0)
+            sent = flaky.acks
+            await run_clock(clock, 31)
+            await until(lambda: bool(events(caplog, "jobs.worker.run-failed")))
+            assert flaky.acks > sent  # sent again until the lapse, and then no more
+            given_up = flaky.acks
+            await settle()
+            assert flaky.acks == given_up
+    detail = await driver.introspect.get(queued.id)
+    assert detail is not None
+    assert detail.row.state is JobState.RUNNING
+
+
+@pytest.mark.usefixtures("quick_ack_retries")
+async def test_an_ack_is_sent_again_past_the_claims_lease_while_renewals_keep_it(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    """The lease the worker holds is the renewed one, not the one the claim answered."""
+    handle = item_job(lambda *, input: None)
+    flaky = AckOutage(driver, failures=12, step=5)  # a minute of failed acks
+    worker = job_worker(driver=flaky, context=lambda: None, jobs=[handle], clock=clock)  # type: ignore[arg-type]
+    async with worker:
+        queued = await handle.enqueue(Item(1))
+        await until(lambda: worker.stats.completed == 1)
+    assert flaky.acks == 13
+    detail = await driver.introspect.get(queued.id)
+    assert detail is not None
+    assert detail.row.state is JobState.DONE

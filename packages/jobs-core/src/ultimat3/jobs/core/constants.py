@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 __all__ = [
+    "ACK_RETRY_FIRST_S",
+    "ACK_RETRY_MAX_S",
     "COUNTER_TIERS",
     "DEFAULT_EVENT_POLL_S",
     "DEFAULT_EVENT_TTL_S",
@@ -47,6 +49,10 @@ WOKEN_IDLE_POLL_CEILING_S = 5.0
 only the guarantee."""
 RESUME_TIMER_WINDOW_S = 60.0
 """A row the worker handed back that falls due within this is woken by a local timer."""
+ACK_RETRY_FIRST_S = 0.1
+ACK_RETRY_MAX_S = 2.0
+"""An ack the driver could not deliver (``X_DRIVER_UNAVAILABLE``) is sent again after the first,
+then twice as long each time up to the second, for as long as the run holds its lease."""
 DRAIN_DEADLINE_S = 25.0
 """How long the close phase of a drain waits for in-flight work."""
 UNDECLARED_GRACE_S = 15 * 60.0

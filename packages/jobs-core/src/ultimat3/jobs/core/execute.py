@@ -32,9 +32,16 @@ from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from .clock import Clock
-from .constants import ON_SETTLED_ATTEMPTS, PROGRESS_INTERVAL_S, TIMEOUT_GRACE_S
+from .constants import (
+    ACK_RETRY_FIRST_S,
+    ACK_RETRY_MAX_S,
+    ON_SETTLED_ATTEMPTS,
+    PROGRESS_INTERVAL_S,
+    TIMEOUT_GRACE_S,
+)
 from .context import JobContext, JobOutcome, Settled, SettledOutcome, StopReason
 from .errors import (
+    DriverUnavailableError,
     JobAbortedError,
     JobDrainedError,
     JobInputInvalidError,
@@ -189,6 +196,7 @@ async def execute_job(
     events: EventBus | None = None,
     clock: Clock | None = None,
     on_body_done: Callable[[], Awaitable[None] | None] | None = None,
+    holds_lease: Callable[[], bool] | None = None,
 ) -> JobExecution:
     """Run one claimed attempt to its settle.
 
@@ -199,6 +207,11 @@ async def execute_job(
     parse), before the settle is sent (and awaited when it answers an awaitable): a worker
     gives back the run's fleet slot and then its worker slot there, so the next claim overlaps
     the settles still on their way and finds the key free.
+
+    ``holds_lease`` answers whether the run still holds its lease (by default: until the
+    claim's ``lease_until``). While it does, an ack that could not reach the driver is sent
+    again: a completed job whose ack gave up would lapse instead, and on its final attempt be
+    buried dead.
     """
     clock = clock or driver.clock
     handle = handle or job_named(claimed.name)
@@ -256,11 +269,10 @@ async def execute_job(
 
     if ending.kind == "completed":
         execution.result = ending.result
-        landed = await driver.ack(
-            claimed.id,
-            AckOptions(claimed.claim.worker_id, claimed.claim.claim, execution.duration_ms),
-        )
-        if not landed:
+        if holds_lease is None:
+            holds_lease = functools.partial(_before, clock, claimed.lease_until)
+        options = AckOptions(claimed.claim.worker_id, claimed.claim.claim, execution.duration_ms)
+        if not await _ack_while_held(driver, claimed, options, holds_lease):
             return _unowned(execution, "ack")
         execution.outcome, execution.settled = "completed", True
         if handle.on_settled is not None:
@@ -289,6 +301,35 @@ async def execute_job(
             parsed=value,
         )
     return execution
+
+
+def _before(clock: Clock, deadline: datetime) -> bool:
+    return clock.now() < deadline
+
+
+async def _ack_while_held(
+    driver: JobDriver, claimed: ClaimedJob, options: AckOptions, holds_lease: Callable[[], bool]
+) -> bool:
+    """The ack, sent again after a pause while the driver is unreachable and the run holds its
+    lease. Repeating it is safe: it is fenced on the claim, and one that had landed before its
+    answer was lost answers True again. Once the lease is gone, the failure is raised."""
+    pause = ACK_RETRY_FIRST_S
+    while True:
+        try:
+            return await driver.ack(claimed.id, options)
+        except DriverUnavailableError as exc:
+            if not holds_lease():
+                raise
+            log_event(
+                logging.WARNING,
+                "jobs.ack.retrying",
+                job=claimed.name,
+                job_id=claimed.id,
+                error=repr(exc),
+                retry_in_s=pause,
+            )
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, ACK_RETRY_MAX_S)
 
 
 async def fail_job(

@@ -27,12 +27,15 @@ __all__ = [
     "job_named",
     "registered_jobs",
     "registered_tasks",
+    "registry_version",
     "task_named",
 ]
 
 _jobs: dict[str, AnyJobHandle] = {}
 _tasks: dict[str, AnyTaskHandle] = {}
 _anonymous = {"job": itertools.count(1), "task": itertools.count(1)}
+_version = 0
+"""Moves whenever a name is seated or released: what a reader caching the registry compares."""
 
 
 def anonymous_name(kind: str) -> str:
@@ -54,10 +57,12 @@ def _table(kind: str) -> dict[str, Any]:
 def claim_name(kind: str, name: str, handle: Any, *, explicit: bool) -> None:
     """Seat ``handle`` on ``name``. An explicit name held by another declaration is refused at
     once; an implicit one waits for ``define_api`` to settle collisions."""
+    global _version
     table = _table(kind)
     held = table.get(name)
     if held is None or _same_declaration(held, handle):
         table[name] = handle
+        _version += 1
     elif explicit:
         raise JobNameTakenError(
             f"two {kind} declarations set name={name!r}; a name is a durable queue key, "
@@ -67,9 +72,16 @@ def claim_name(kind: str, name: str, handle: Any, *, explicit: bool) -> None:
 
 
 def release_name(kind: str, name: str, handle: Any) -> None:
+    global _version
     table = _table(kind)
     if table.get(name) is handle:
         del table[name]
+        _version += 1
+
+
+def registry_version() -> int:
+    """A number that changes whenever a job or task is declared, renamed or forgotten."""
+    return _version
 
 
 class Declared:

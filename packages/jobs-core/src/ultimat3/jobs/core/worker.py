@@ -103,7 +103,7 @@ from .logs import log_event
 from .metrics import JobMetrics, job_metrics
 from .model import ClaimedJob, ExhaustedJob, JobState, NackOptions, WorkerInfo
 from .protocol import ClaimBatch, EventBus, JobDriver, JobIntrospection, QueueWake
-from .registry import job_named, registered_jobs
+from .registry import job_named, registered_jobs, registry_version
 from .renewal import Renewal, RenewalLoop
 from .signal import AbortController
 from .wake import on_enqueued, on_wake_lost
@@ -195,6 +195,11 @@ class _Run:
 
     async def renew(self) -> bool:
         return await self.worker._heartbeat(self)
+
+    def holds_lease(self) -> bool:
+        """Whether the lease is still this run's, as its renewals tell: none was refused, and
+        one landed within the last window."""
+        return self.lease is not None and self.lease.active
 
     def refused(self) -> None:
         if not self.settling:  # a refusal now is the settle having landed
@@ -358,6 +363,8 @@ class JobWorker:
         self._limits = limits
         self._fleet = FleetSlots(driver.leases, ttl=self._vis)
         self._drop_exhausted: frozenset[str] = frozenset()
+        self._drop_exhausted_of = -1
+        """The registry version ``_drop_exhausted`` was read at."""
 
         self._state: Literal["new", "running", "stopping", "stopped"] = "new"
         self._accepting = False
@@ -413,9 +420,6 @@ class JobWorker:
         routable = self._routable()
         served = [handle for handle in routable if handle.queue in self._slots]
         require_lease_store(served, self._driver.leases)
-        # Every job the worker can route, not only those declared on its queues: a row enqueued
-        # with queue= runs here under its job's own retry policy.
-        self._drop_exhausted = frozenset(h.name for h in routable if not h.retry.dead_letter)
         named = {handle.queue for handle in served}
         for queue in self._slots:
             if queue not in named:
@@ -553,6 +557,19 @@ class JobWorker:
             handles.setdefault(handle.name, handle)
         return list(handles.values())
 
+    def _dropped_when_exhausted(self) -> frozenset[str]:
+        """The jobs declaring ``dead_letter=False``, whose rows a claim buries failed rather than
+        dead: every job the worker can route, not only those of its queues (a row enqueued with
+        ``queue=`` runs here under its job's own retry policy), read again whenever the registry
+        changed, so a job declared after ``start()`` (a lazy import) is buried by its own rule."""
+        version = registry_version()
+        if version != self._drop_exhausted_of:
+            self._drop_exhausted_of = version
+            self._drop_exhausted = frozenset(
+                handle.name for handle in self._routable() if not handle.retry.dead_letter
+            )
+        return self._drop_exhausted
+
     def _route(self, name: str) -> AnyJobHandle | None:
         return self._routes.get(name) or job_named(name)
 
@@ -679,7 +696,7 @@ class JobWorker:
                 worker_id=self.id,
                 slots=asked,
                 visibility_timeout=self._vis,
-                drop_exhausted=self._drop_exhausted,
+                drop_exhausted=self._dropped_when_exhausted(),
             )
         except Exception as exc:
             log_event(logging.WARNING, "jobs.worker.claim-failed", worker=self.id, error=repr(exc))
@@ -919,6 +936,7 @@ class JobWorker:
                 events=self._events,
                 clock=self._clock,
                 on_body_done=lambda: self._body_done(run),
+                holds_lease=run.holds_lease,
             )
         self._record(run.claimed.queue, execution)
 
