@@ -18,6 +18,7 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError, ResponseError
+from support.jobs import Item, item_job
 
 from ultimat3.jobs.core import (
     LEASE_LAPSED_FINAL_ATTEMPT,
@@ -27,6 +28,8 @@ from ultimat3.jobs.core import (
     FrozenClock,
     JobState,
     NackOptions,
+    Retry,
+    job_worker,
 )
 from ultimat3.jobs.redis import RedisJobDriver, redis_job_driver
 from ultimat3.jobs.redis.wire import Wire, pack
@@ -464,3 +467,41 @@ async def test_a_read_whose_reply_was_lost_is_asked_again(
     relay.drop_at_next_reply()
     (stats,) = await relayed.stats()
     assert stats.ready == 1
+
+
+async def test_a_worker_sends_an_ack_again_until_a_server_that_stopped_answering_takes_it(
+    relay: Relay, redis_prefix: str
+) -> None:
+    """The server stops answering as a job completes, for longer than the driver's own resend
+    of the settle (two command timeouts): the worker keeps sending the ack while the run holds
+    its lease, and the job's one attempt ends done instead of lapsing into a dead letter."""
+    driver = redis_job_driver(url=relay.url, prefix=redis_prefix, command_timeout=0.3)
+    started, release = asyncio.Event(), asyncio.Event()
+
+    async def waits_for_the_outage(*, input: Item) -> None:
+        started.set()
+        await release.wait()
+
+    handle = item_job(waits_for_the_outage, retry=Retry(attempts=1))
+    worker = job_worker(driver=driver, context=lambda: None, jobs=[handle], poll_interval=0.05)
+    try:
+        async with worker:
+            queued = await driver.enqueue(handle.request(Item(1)))
+            await asyncio.wait_for(started.wait(), 10)
+            relay.silent = True
+            release.set()
+            await asyncio.sleep(1.5)  # the ack, its resend and a few of the worker's time out
+            assert worker.stats.completed == 0
+            relay.silent = False
+            for _ in range(200):
+                if worker.stats.completed:
+                    break
+                await asyncio.sleep(0.05)
+        assert worker.stats.completed == 1
+        detail = await driver.introspect.get(queued.id)
+        assert detail is not None
+        assert detail.row.state is JobState.DONE
+    finally:
+        relay.silent = False
+        await driver.clear()
+        await driver.close()
