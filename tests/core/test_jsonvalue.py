@@ -14,7 +14,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from ultimat3.jobs.core.jsonvalue import json_roundtrip, json_text, to_json
+from ultimat3.jobs.core.jsonvalue import (
+    json_roundtrip,
+    json_text,
+    storable_form,
+    storable_text,
+    to_json,
+)
 
 scalars = st.one_of(
     st.none(),
@@ -92,3 +98,17 @@ def test_models_and_dataclasses_read_back_as_their_json_form() -> None:
     assert json_roundtrip(Point(x=1, tags=("a",))) == {"x": 1.0, "tags": ["a"]}
     assert to_json(Point(x=1, tags=("a",))) == {"x": 1.0, "tags": ["a"]}
     assert json_roundtrip(Box(size=2, items=(1, 2))) == {"size": 2, "items": [1, 2]}
+
+
+def test_storable_form_spells_out_what_no_driver_stores() -> None:
+    assert storable_form("plain é ✓") == "plain é ✓"
+    assert storable_form("a\x00b") == "a\\x00b"
+    assert storable_form("lone \udcff") == "lone \\udcff"
+
+
+@given(st.text())
+def test_storable_form_is_always_storable_and_keeps_storable_text(text: str) -> None:
+    stored = storable_form(text)
+    assert storable_text(stored)
+    if storable_text(text):
+        assert stored == text

@@ -91,3 +91,47 @@ async def test_run_jobs_drives_the_redis_driver(
     redis_driver: JobDriver, clock: FrozenClock
 ) -> None:
     await _delivered(redis_driver, clock)
+
+
+UNREADABLE = b"\x00\xff".decode("utf-8", "surrogateescape")
+"""Bytes decoded leniently, as a message may carry them: neither server stores them as text."""
+
+
+@job(
+    input=Parcel,
+    idempotency_key=lambda p: p.parcel_id,
+    tenant="none",
+    name="run-jobs-server-unreadable-error",
+    retry=Retry(attempts=2, backoff="fixed", delay="1s", jitter=False),
+)
+async def scan(*, input: Parcel, attempt: int) -> str:
+    if attempt == 1:
+        raise RuntimeError(f"label {UNREADABLE} unreadable")
+    return "scanned"
+
+
+async def _scanned(driver: JobDriver, clock: FrozenClock) -> None:
+    """A failure whose message holds a NUL and a lone surrogate still settles (retried), with
+    both spelled as escapes in ``last_error``; it used to fail the nack on both servers and
+    leave the row to lapse."""
+    queued = await driver.enqueue(scan.request(Parcel("p-2"), clock=clock))
+    executions = await run_jobs(driver, jobs=[scan])
+    assert [(e.attempt, e.outcome) for e in executions] == [(1, "retried"), (2, "completed")]
+    assert driver.introspect is not None
+    detail = await driver.introspect.get(queued.id)
+    assert detail is not None
+    assert (detail.row.last_error or "").startswith("RuntimeError: label \\x00\\udcff unreadable")
+
+
+@pytest.mark.pg
+async def test_an_unstorable_error_message_settles_on_postgres(
+    postgres_driver: JobDriver, clock: FrozenClock
+) -> None:
+    await _scanned(postgres_driver, clock)
+
+
+@pytest.mark.redis
+async def test_an_unstorable_error_message_settles_on_redis(
+    redis_driver: JobDriver, clock: FrozenClock
+) -> None:
+    await _scanned(redis_driver, clock)

@@ -54,6 +54,7 @@ from .errors import (
 )
 from .events import resolve_event_bus
 from .job import AnyJobHandle
+from .jsonvalue import storable_form
 from .logs import LOGGER, log_event
 from .model import (
     LEASE_LAPSED_FINAL_ATTEMPT,
@@ -705,11 +706,13 @@ def _unowned(execution: JobExecution, what: str) -> JobExecution:
 
 
 def _error_text(error: BaseException) -> str:
-    """``last_error`` as an operator reads it: code and message, then the stack."""
+    """``last_error`` as an operator reads it: code and message, then the stack, in a form every
+    driver stores (a message holding a NUL character or a lone surrogate would otherwise fail
+    the settle on Postgres or Redis, and leave the row to lapse)."""
     head = str(error) if isinstance(error, JobsError) else f"{type(error).__name__}: {error}"
     stack = "".join(traceback.format_exception(error)).strip()
     text = f"{head}\n{stack}" if stack and error.__traceback__ is not None else head
-    return text[:8000]
+    return storable_form(text[:8000])
 
 
 def _hook_org(handle: AnyJobHandle, claimed: ClaimedJob | ExhaustedJob, value: Any) -> str | None:

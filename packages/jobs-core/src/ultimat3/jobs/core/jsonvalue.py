@@ -17,6 +17,7 @@ __all__ = [
     "json_contains",
     "json_roundtrip",
     "json_text",
+    "storable_form",
     "storable_strings",
     "storable_text",
     "to_json",
@@ -44,6 +45,15 @@ def storable_text(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+def storable_form(text: str) -> str:
+    """``text`` as every driver can store it: a NUL character spelled ``\\x00`` and a lone
+    surrogate as its ``\\udcXX`` escape, everything else kept. For text written for a reader,
+    not matched against (an error message, which may carry bytes a job decoded leniently)."""
+    if storable_text(text):
+        return text
+    return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def storable_strings(value: JsonValue) -> bool:
