@@ -4,6 +4,14 @@ from __future__ import annotations
 
 from ultimat3.jobs.core.clock import Clock
 from ultimat3.jobs.core.jsonvalue import json_text
+from ultimat3.jobs.core.ledger import (
+    ledger_cursor,
+    ledger_error,
+    ledger_limit,
+    ledger_rows,
+    ledger_text,
+    names_a_pass,
+)
 from ultimat3.jobs.core.model import BackfillRow, JsonValue
 
 from .executor import PgExecutor
@@ -36,10 +44,12 @@ class PostgresBackfillLedger:
         rows = await self._executor.fetch(
             SQL_BACKFILL_BEGIN,
             {
-                "name": name,
-                "run_id": run_id,
-                "checksum": checksum,
-                "app_version": app_version,
+                "name": ledger_text(name, "name"),
+                "run_id": ledger_text(run_id, "run_id"),
+                "checksum": ledger_text(checksum, "checksum", empty=True),
+                "app_version": None
+                if app_version is None
+                else ledger_text(app_version, "app_version", empty=True),
                 "now": self._clock.now(),
             },
             idempotent=True,  # a repeat adopts the row the first one opened
@@ -47,34 +57,41 @@ class PostgresBackfillLedger:
         return backfill_row(rows[0])
 
     async def checkpoint(self, run_id: str, *, rows: int, cursor: JsonValue) -> None:
-        await self._executor.fetch(
-            SQL_BACKFILL_CHECKPOINT,
-            {"run_id": run_id, "rows": rows, "cursor": json_text(cursor)},
-            idempotent=True,
-        )
+        swept = {"run_id": run_id, "rows": ledger_rows(rows), "cursor": _cursor(cursor)}
+        if names_a_pass(run_id):
+            await self._executor.fetch(SQL_BACKFILL_CHECKPOINT, swept, idempotent=True)
 
     async def complete(self, run_id: str, *, rows: int, cursor: JsonValue) -> None:
-        await self._executor.fetch(
-            SQL_BACKFILL_COMPLETE,
-            {"run_id": run_id, "rows": rows, "cursor": json_text(cursor), "now": self._clock.now()},
-            idempotent=True,
-        )
+        swept = {"run_id": run_id, "rows": ledger_rows(rows), "cursor": _cursor(cursor)}
+        if names_a_pass(run_id):
+            await self._executor.fetch(
+                SQL_BACKFILL_COMPLETE, {**swept, "now": self._clock.now()}, idempotent=True
+            )
 
     async def fail(self, run_id: str, error: str) -> None:
-        await self._executor.fetch(
-            SQL_BACKFILL_FAIL, {"run_id": run_id, "error": error}, idempotent=True
-        )
+        failed = {"run_id": run_id, "error": ledger_error(error)}
+        if names_a_pass(run_id):
+            await self._executor.fetch(SQL_BACKFILL_FAIL, failed, idempotent=True)
 
     async def latest(self, name: str) -> BackfillRow | None:
+        if not names_a_pass(name):
+            return None
         rows = await self._executor.fetch(SQL_BACKFILL_LATEST, {"name": name}, idempotent=True)
         return backfill_row(rows[0]) if rows else None
 
     async def list(
         self, *, name: str | None = None, status: str | None = None, limit: int = 100
     ) -> list[BackfillRow]:
+        limit = ledger_limit(limit)
+        if not (names_a_pass(name) and names_a_pass(status)):
+            return []
         rows = await self._executor.fetch(
             SQL_BACKFILL_LIST,
             {"name": name, "status": status, "max_rows": limit},
             idempotent=True,
         )
         return [backfill_row(row) for row in rows]
+
+
+def _cursor(cursor: JsonValue) -> str:
+    return json_text(ledger_cursor(cursor))

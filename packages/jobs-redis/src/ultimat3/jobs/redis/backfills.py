@@ -11,6 +11,14 @@ from datetime import datetime
 from typing import Literal, cast
 
 from ultimat3.jobs.core.jsonvalue import json_text
+from ultimat3.jobs.core.ledger import (
+    ledger_cursor,
+    ledger_error,
+    ledger_limit,
+    ledger_rows,
+    ledger_text,
+    names_a_pass,
+)
 from ultimat3.jobs.core.model import BackfillRow, JsonValue
 
 from .codec import fields, from_us, optional
@@ -29,31 +37,31 @@ class RedisBackfillLedger:
         self, *, name: str, run_id: str, checksum: str, app_version: str | None = None
     ) -> BackfillRow:
         row = await self._ns.call(
-            "backfill", "begin", run_id, name, checksum, optional(app_version)
+            "backfill",
+            "begin",
+            ledger_text(run_id, "run_id"),
+            ledger_text(name, "name"),
+            ledger_text(checksum, "checksum", empty=True),
+            optional(
+                None if app_version is None else ledger_text(app_version, "app_version", empty=True)
+            ),
         )
         return _read(fields(row))
 
     async def checkpoint(self, run_id: str, *, rows: int, cursor: JsonValue) -> None:
-        await self._ns.call(
-            "backfill", "update", run_id, "0", "rows", str(rows), "cursor", json_text(cursor)
-        )
+        swept = ("rows", str(ledger_rows(rows)), "cursor", json_text(ledger_cursor(cursor)))
+        if names_a_pass(run_id):
+            await self._ns.call("backfill", "update", run_id, "0", *swept)
 
     async def complete(self, run_id: str, *, rows: int, cursor: JsonValue) -> None:
-        await self._ns.call(
-            "backfill",
-            "update",
-            run_id,
-            "1",
-            "status",
-            "completed",
-            "rows",
-            str(rows),
-            "cursor",
-            json_text(cursor),
-        )
+        swept = ("rows", str(ledger_rows(rows)), "cursor", json_text(ledger_cursor(cursor)))
+        if names_a_pass(run_id):
+            await self._ns.call("backfill", "update", run_id, "1", "status", "completed", *swept)
 
     async def fail(self, run_id: str, error: str) -> None:
-        await self._ns.call("backfill", "update", run_id, "0", "status", "failed", "error", error)
+        failed = ("status", "failed", "error", ledger_error(error))
+        if names_a_pass(run_id):
+            await self._ns.call("backfill", "update", run_id, "0", *failed)
 
     async def _all(self) -> builtins.list[BackfillRow]:
         """Every pass, the last begun first (the ledger is one row per pass: small)."""
@@ -72,6 +80,7 @@ class RedisBackfillLedger:
     ) -> builtins.list[BackfillRow]:
         """Newest first by ``started_at``, ties the last begun first: the stable sort keeps the
         ``backfills`` order among passes that began at one instant."""
+        limit = ledger_limit(limit)
         rows = [
             row
             for row in await self._all()

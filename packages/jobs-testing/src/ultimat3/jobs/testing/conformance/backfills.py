@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import math
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from ultimat3.jobs.core import InvariantError
 from ultimat3.jobs.core.model import BackfillRow
 
 from .target import Conformance
@@ -140,3 +147,76 @@ class BackfillRules:
         latest = await ledger.latest("b")
         assert latest is not None
         assert latest.run_id == "run-q"
+
+    async def test_a_cursor_is_kept_in_its_json_form_apart_from_the_callers_value(
+        self, jobs: Conformance
+    ) -> None:
+        """As a server stores bytes: a keyset tuple reads back as a list, a time as its ISO
+        text, and changing the value passed in, or the one read back, changes nothing stored."""
+        ledger = jobs.backfills
+        await ledger.begin(name="b", run_id="run-1", checksum="c1")
+        at = datetime(2026, 1, 1, tzinfo=UTC)
+        cursor: dict[str, Any] = {"after": (17, "x"), "page": {"n": 1}, "at": at}
+        await ledger.checkpoint("run-1", rows=1, cursor=cursor)
+        cursor["page"]["n"] = 99
+        stored = {"after": [17, "x"], "page": {"n": 1}, "at": at.isoformat()}
+        row = await ledger.latest("b")
+        assert row is not None
+        assert row.cursor == stored
+        assert isinstance(row.cursor, dict)
+        row.cursor["page"]["n"] = 42
+        again = await ledger.latest("b")
+        assert again is not None
+        assert again.cursor == stored
+
+    async def test_what_no_ledger_stores_is_refused_alike(self, jobs: Conformance) -> None:
+        ledger = jobs.backfills
+        await ledger.begin(name="b", run_id="run-1", checksum="c1")
+        cursors: list[object] = [
+            math.nan,
+            {"after": object()},
+            {"after": "a\x00b"},
+            ["lone \udcff"],
+        ]
+        for cursor in cursors:
+            with pytest.raises(InvariantError):
+                await ledger.checkpoint("run-1", rows=1, cursor=cursor)
+        for rows in (1.5, -1, True, "3"):
+            with pytest.raises(InvariantError):
+                await ledger.complete("run-1", rows=rows, cursor=None)  # type: ignore[arg-type]
+        for name in ("", "b\x00", "b\udcff"):
+            with pytest.raises(InvariantError):
+                await ledger.begin(name=name, run_id="run-2", checksum="c1")
+            with pytest.raises(InvariantError):
+                await ledger.begin(name="b", run_id=name, checksum="c1")
+        for limit in (0, -1, 2.0):
+            with pytest.raises(InvariantError):
+                await ledger.list(limit=limit)  # type: ignore[arg-type]
+        row = await ledger.latest("b")
+        assert row is not None
+        assert (row.run_id, row.rows, row.cursor, row.status) == ("run-1", 0, None, "running")
+        assert [r.run_id for r in await ledger.list()] == ["run-1"]
+
+    async def test_a_name_no_ledger_stores_names_no_pass(self, jobs: Conformance) -> None:
+        ledger = jobs.backfills
+        await ledger.begin(name="b", run_id="run-1", checksum="c1")
+        for unstorable in ("b\x00", "run-1\x00", "b\udcff"):
+            assert await ledger.latest(unstorable) is None
+            assert await ledger.list(name=unstorable) == []
+            assert await ledger.list(status=unstorable) == []
+            await ledger.checkpoint(unstorable, rows=5, cursor=5)
+            await ledger.complete(unstorable, rows=5, cursor=5)
+            await ledger.fail(unstorable, "boom")
+        row = await ledger.latest("b")
+        assert row is not None
+        assert (row.rows, row.cursor, row.status) == (0, None, "running")
+
+    async def test_a_failures_text_is_kept_with_what_no_ledger_stores_spelled_out(
+        self, jobs: Conformance
+    ) -> None:
+        ledger = jobs.backfills
+        await ledger.begin(name="b", run_id="run-1", checksum="c1")
+        await ledger.fail("run-1", "bad row \x00 at \udcff é")
+        row = await ledger.latest("b")
+        assert row is not None
+        assert row.error == "bad row \\x00 at \\udcff é"
