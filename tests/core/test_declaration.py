@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -110,6 +111,17 @@ def test_any_whole_positive_cap_is_accepted(cap: int) -> None:
 @pytest.mark.parametrize("field", ["step_timeout", "event_poll", "timeout"])
 @pytest.mark.parametrize("value", [0, -1, "0s", "-5s"])
 def test_a_zero_or_negative_ceiling_is_refused(field: str, value: object) -> None:
+    with pytest.raises(JobDeclarationInvalidError):
+        declare(**{field: value})
+
+
+@pytest.mark.parametrize("field", ["step_timeout", "event_poll", "timeout"])
+@pytest.mark.parametrize("value", [timedelta.max, 10**12, 10**400, "4000000d"], ids=repr)
+def test_a_ceiling_past_a_century_is_refused_not_overflowed_at_every_attempt(
+    field: str, value: object
+) -> None:
+    """``timedelta.max`` written for "no ceiling": now plus it is no datetime, and every attempt
+    failed before its body ran (and settled nothing) until the last was buried dead."""
     with pytest.raises(JobDeclarationInvalidError):
         declare(**{field: value})
 

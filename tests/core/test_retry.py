@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import random
+from datetime import timedelta
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -20,6 +22,7 @@ from ultimat3.jobs.core import (
 )
 from ultimat3.jobs.core.errors import (
     EventWaitTimeoutError,
+    JobDeclarationInvalidError,
     JobTimeoutError,
     StepDuplicateError,
     StepOutputInvalidError,
@@ -189,7 +192,37 @@ def test_a_huge_stated_retry_after_is_held_to_the_ceiling() -> None:
 def test_a_max_delay_past_the_ceiling_does_not_lift_it() -> None:
     from ultimat3.jobs.core.retry import MAX_RETRY_DELAY_S, backoff_delay
 
-    retry = Retry(attempts=50, delay=1e12, max_delay=1e13, jitter=False)
+    retry = Retry(attempts=50, delay="1000d", max_delay="10000d", jitter=False)
     assert backoff_delay(retry, 1) == MAX_RETRY_DELAY_S
     huge = GatewayBusyError("slow", meta={"retry_after_seconds": 1e12})
     assert failure_verdict(retry, 1, huge).delay_s == MAX_RETRY_DELAY_S
+
+
+def test_a_stated_retry_after_past_a_floats_range_waits_the_ceiling() -> None:
+    """A responder's 310-digit Retry-After: clamped like any other, not an overflow that would
+    fail the settle and leave the row to lapse."""
+    from ultimat3.jobs.core.retry import MAX_RETRY_DELAY_S
+
+    retry = Retry(attempts=3, jitter=False)
+    huge = GatewayBusyError("slow", meta={"retry_after_seconds": 10**400})
+    assert failure_verdict(retry, 1, huge).delay_s == MAX_RETRY_DELAY_S
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"delay": 10**400},
+        {"max_delay": timedelta.max},
+        {"delay": 1e12},
+        {"jitter": "false"},
+        {"dead_letter": None},
+        {"dead_letter": 0},
+        {"attempts": 2**31},
+    ],
+    ids=repr,
+)
+def test_a_retry_policy_no_driver_can_honour_is_refused_where_it_is_declared(
+    options: dict[str, Any],
+) -> None:
+    with pytest.raises(JobDeclarationInvalidError):
+        Retry(**options)

@@ -18,6 +18,7 @@ from .durations import Duration, parse_duration
 from .errors import InvariantError, JobDeclarationInvalidError
 
 __all__ = [
+    "MAX_ATTEMPTS",
     "MAX_RETRY_DELAY_S",
     "Backoff",
     "ErrorRetry",
@@ -40,6 +41,9 @@ attempt 41), a ``max_delay`` above it, or a responder's stated retry-after (1e12
 otherwise name a time no datetime can hold, and the settle would fail before the row is
 handed back."""
 
+MAX_ATTEMPTS = 2**31 - 1
+"""The most attempts a job may declare: what a driver stores as a 32-bit integer."""
+
 Backoff: TypeAlias = Literal["exponential", "linear", "fixed"]
 ErrorRetry: TypeAlias = Literal["terminal", "retry-after", "retryable"]
 
@@ -61,10 +65,16 @@ class Retry:
             raise JobDeclarationInvalidError(
                 f"retry.attempts must be an int, got {self.attempts!r}"
             )
-        if self.attempts < 1:
+        if not 1 <= self.attempts <= MAX_ATTEMPTS:
             raise JobDeclarationInvalidError(
-                f"retry.attempts must be 1 or more, got {self.attempts}"
+                f"retry.attempts must be from 1 to {MAX_ATTEMPTS:,}, got {self.attempts}"
             )
+        for flag in ("jitter", "dead_letter"):
+            if not isinstance(getattr(self, flag), bool):
+                raise JobDeclarationInvalidError(
+                    f"retry.{flag} must be True or False, got {getattr(self, flag)!r}",
+                    meta={"field": f"retry.{flag}"},
+                )
         if self.backoff not in ("exponential", "linear", "fixed"):
             raise JobDeclarationInvalidError(
                 f"retry.backoff must be 'exponential', 'linear' or 'fixed', got {self.backoff!r}"
@@ -177,6 +187,8 @@ def retry_after_seconds_of(error: BaseException) -> float | None:
     value = meta.get("retry_after_seconds")
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
+    if isinstance(value, int):  # a responder's absurd number may be past a float's range
+        value = min(value, int(MAX_RETRY_DELAY_S))
     if not math.isfinite(value) or value <= 0:
         return None
     return float(value)
