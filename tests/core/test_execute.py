@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from dataclasses import dataclass, replace
 from datetime import timedelta
@@ -473,6 +474,38 @@ async def test_progress_is_written_at_most_once_a_second_plus_the_last(
     assert execution.progress is not None
     assert execution.progress.done == 5
     assert (await row(driver, queued.id)).progress == Progress(done=5, total=5)
+
+
+async def test_the_last_progress_lands_last_whatever_an_earlier_write_takes(
+    driver: MemoryJobDriver, clock: FrozenClock
+) -> None:
+    """Each write overwrites the row's progress: the last one, sent at the settle while the
+    first is still on the wire, must not land before it (on Postgres the two took two pooled
+    connections and often did)."""
+    record = driver.introspect.record_progress
+    landed: list[Any] = []
+    later_landed = asyncio.Event()
+
+    async def first_one_slow(job_id: str, ref: Any, progress: Any) -> bool:
+        if not landed and progress.note == "start":
+            with contextlib.suppress(TimeoutError):  # the later write lands first, if it can
+                await asyncio.wait_for(later_landed.wait(), 0.2)
+        answer = await record(job_id, ref, progress)
+        landed.append(progress.note)
+        later_landed.set()
+        return answer
+
+    driver.introspect.record_progress = first_one_slow  # type: ignore[method-assign]
+
+    async def two_reports(*, input: Ping, progress: Any) -> None:
+        progress(0, 2, "start")
+        progress(2, 2, "end")
+
+    handle = ping_job(two_reports)
+    queued = await handle.enqueue(Ping("order"))
+    await execute_job(await claim_one(driver), driver=driver, handle=handle)
+    assert landed == ["start", "end"]
+    assert (await row(driver, queued.id)).progress == Progress(done=2, total=2, note="end")
 
 
 async def test_on_settled_is_told_completed_with_the_result_under_the_tenant(

@@ -850,7 +850,8 @@ class _ProgressReporter:
         self.latest: Progress | None = None
         self._written: Progress | None = None
         self._last_write: datetime | None = None
-        self._pending: set[asyncio.Task[bool]] = set()
+        self._sending: asyncio.Future[None] | None = None
+        """The last write sent; each waits for the one before it."""
         self._loop = asyncio.get_running_loop()
 
     def __call__(self, done: float, total: float | None = None, note: str | None = None) -> None:
@@ -877,13 +878,17 @@ class _ProgressReporter:
             self._write(self.latest)
 
     def _write(self, progress: Progress) -> None:
-        assert self._introspect is not None
         self._written = progress
-        task = asyncio.ensure_future(
-            self._introspect.record_progress(self._claimed.id, self._claimed.claim, progress)
-        )
-        self._pending.add(task)
-        task.add_done_callback(self._pending.discard)
+        self._sending = asyncio.ensure_future(self._send(self._sending, progress))
+
+    async def _send(self, before: asyncio.Future[None] | None, progress: Progress) -> None:
+        """One write, sent once the one before it has landed: each overwrites the row's
+        progress, and two in flight at once (two pooled connections) could land out of order,
+        leaving an older report on the row for good."""
+        assert self._introspect is not None
+        if before is not None:
+            await asyncio.gather(before, return_exceptions=True)
+        await self._introspect.record_progress(self._claimed.id, self._claimed.claim, progress)
 
     async def flush(self) -> None:
         if (
@@ -892,5 +897,5 @@ class _ProgressReporter:
             and self.latest != self._written
         ):
             self._write(self.latest)
-        if self._pending:
-            await asyncio.gather(*self._pending, return_exceptions=True)
+        if self._sending is not None:
+            await asyncio.gather(self._sending, return_exceptions=True)
