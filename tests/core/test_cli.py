@@ -174,6 +174,21 @@ def test_cancel_then_retry_and_queue_pause(
     assert queues[0]["paused"] is True
 
 
+def test_queues_prints_a_count_for_every_state(
+    use_driver: MemoryJobDriver, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A queue holding only cancelled rows is not all zeros."""
+    import asyncio
+
+    job_id = asyncio.run(enqueue("cancelled-only"))
+    assert run(capsys, "jobs", "cancel", job_id, "--json")[0] == 0
+    code, out = run(capsys, "queues")
+    assert (code, out) == (
+        0,
+        "default: ready 0 delayed 0 running 0 suspended 0 done 0 failed 0 dead 0 cancelled 1\n",
+    )
+
+
 def test_bulk_retry_moves_every_finished_row(
     use_driver: MemoryJobDriver, capsys: pytest.CaptureFixture[str]
 ) -> None:

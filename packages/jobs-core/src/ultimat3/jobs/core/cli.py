@@ -209,7 +209,7 @@ async def _queues(args: argparse.Namespace, driver: JobDriver) -> int:
                 f"{q.stats.queue}{' (paused)' if q.paused else ''}: ready {q.stats.ready} "
                 f"delayed {q.stats.delayed} running {q.stats.running} suspended "
                 f"{q.stats.suspended} done {q.stats.done} failed {q.stats.failed} "
-                f"dead {q.stats.dead}"
+                f"dead {q.stats.dead} cancelled {q.stats.cancelled}"
                 for q in queues
             ],
             "no queues",

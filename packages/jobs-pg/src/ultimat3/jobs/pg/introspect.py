@@ -52,6 +52,7 @@ from .sql_operator import (
     SQL_PROMOTE_MANY,
     SQL_REMOVE_MANY,
     SQL_REQUEUE_MANY,
+    SQL_RUN_STEPS_SWEEP,
 )
 from .sql_pauses import (
     SQL_PAUSE_QUEUE,
@@ -130,9 +131,16 @@ class PostgresIntrospection:
         rows = await self._executor.fetch(SQL_JOB_REMOVE, {"id": job_id})
         if not rows:
             return False
-        if rows[0][0] == JobState.RUNNING:
+        state, shared_run = rows[0]
+        if state == JobState.RUNNING:
             raise refusals.running_not_removable(job_id)
+        if shared_run is not None:
+            await self._sweep_steps([shared_run])
         return True
+
+    async def _sweep_steps(self, run_ids: list[str]) -> None:
+        """The steps of runs a remove left to another row, deleted if no row names them now."""
+        await self._executor.fetch(SQL_RUN_STEPS_SWEEP, {"run_ids": run_ids}, idempotent=True)
 
     async def requeue(self, job_id: str, *, from_step: str | None = None) -> JobRow:
         if _unstorable(job_id):
@@ -197,7 +205,9 @@ class PostgresIntrospection:
         if _unstorable(filter.queue, filter.name, filter.tenant_id):
             return BulkResult(affected=0, remaining=0)
         rows = await self._executor.fetch(SQL_REMOVE_MANY, _bulk_params(filter))
-        affected, remaining = rows[0]
+        affected, remaining, shared_runs = rows[0]
+        if shared_runs:
+            await self._sweep_steps(shared_runs)
         return BulkResult(affected=affected, remaining=remaining)
 
     async def promote_many(self, filter: BulkFilter) -> BulkResult:

@@ -12,12 +12,15 @@ __all__ = [
     "SQL_PROMOTE_MANY",
     "SQL_REMOVE_MANY",
     "SQL_REQUEUE_MANY",
+    "SQL_RUN_STEPS_SWEEP",
 ]
 
 SQL_JOB_REMOVE = """
 -- Parameters: id.
 -- Deletes the job unless it is running (a running row is answered, not deleted: cancel it first),
--- and its steps when no other row shares its run. Answers the state the row had, or no row.
+-- and its steps when no other row shares its run. Answers the state the row had (no row: there
+-- was none) and, when it left the steps to another row of the run, that run (shared_run): the
+-- caller sweeps it with SQL_RUN_STEPS_SWEEP once this has committed.
 with target as (
     select id, run_id, state from x_jobs where id = %(id)s for update
 ),
@@ -27,11 +30,11 @@ removed as (
     where j.id = t.id and t.state <> 'running'
     returning j.id, j.run_id
 ),
-orphaned as (
-    -- The removed row's run, when it has steps and no other row names it. No index covers
-    -- run_id (every row version would pay for one), so "no other row" reads the table: it is
-    -- asked only of a run that has steps (a one-time filter), never of one that has none.
-    select r.run_id
+run_rows as (
+    -- The removed row's run, when it has steps, with whether another row names it. No index
+    -- covers run_id (every row version would pay for one), so "another row" reads the table: it
+    -- is asked only of a run that has steps (a one-time filter), never of one that has none.
+    select r.run_id, shared.others
     from removed r
     cross join lateral (
         select count(*) as steps
@@ -45,14 +48,26 @@ orphaned as (
             limit 1
         ) first_other
     ) shared
-    where has.steps > 0 and shared.others = 0
+    where has.steps > 0
 ),
 dropped_steps as (
     delete from x_job_steps s
-    using orphaned o
-    where s.run_id = o.run_id
+    using run_rows o
+    where s.run_id = o.run_id and o.others = 0
 )
-select state from target
+select t.state, (select o.run_id from run_rows o where o.others > 0) as shared_run
+from target t
+"""
+
+SQL_RUN_STEPS_SWEEP = """
+-- Parameters: run_ids.
+-- The steps of these runs, deleted when no row names the run any more. Run after a remove that
+-- left a run's steps to another row of it has committed: that row's own remove, at the same
+-- time, decided from a snapshot still holding the first row, and left them too. Whichever of
+-- the two commits last sweeps after both have, and finds neither.
+delete from x_job_steps s
+where s.run_id = any(%(run_ids)s::text[])
+  and not exists (select 1 from x_jobs o where o.run_id = s.run_id)
 """
 
 SQL_JOB_REQUEUE = """
@@ -209,7 +224,8 @@ select (select count(*) from moved) as affected,
 SQL_REMOVE_MANY = """
 -- Parameters: state (never 'running'), queue / name / tenant_id (NULL = any), max_rows.
 -- Deletes up to max_rows matching rows, oldest first, with the steps no remaining row's run
--- shares. remaining = matching rows left.
+-- shares. remaining = matching rows left; shared_runs = the runs whose steps it left to a row
+-- it did not remove, for SQL_RUN_STEPS_SWEEP once this has committed (see there).
 with chosen as (
     select id, run_id
     from x_jobs
@@ -227,12 +243,18 @@ removed as (
     where j.id = c.id and j.state = %(state)s
     returning j.id, j.run_id
 ),
+shared as (
+    select distinct r.run_id
+    from removed r
+    where exists (select 1 from x_job_steps s where s.run_id = r.run_id)
+      and exists (
+          select 1 from x_jobs o
+          where o.run_id = r.run_id and o.id not in (select id from removed))
+),
 dropped_steps as (
     delete from x_job_steps s
     where s.run_id in (select run_id from removed)
-      and not exists (
-          select 1 from x_jobs o
-          where o.run_id = s.run_id and o.id not in (select id from removed))
+      and s.run_id not in (select run_id from shared)
 )
 select (select count(*) from removed) as affected,
        (select count(*)
@@ -241,7 +263,8 @@ select (select count(*) from removed) as affected,
           and (%(queue)s::text is null or queue = %(queue)s)
           and (%(name)s::text is null or name = %(name)s)
           and (%(tenant_id)s::text is null or tenant_id = %(tenant_id)s))
-       - (select count(*) from removed) as remaining
+       - (select count(*) from removed) as remaining,
+       array(select run_id from shared) as shared_runs
 """
 
 SQL_PROMOTE_MANY = """

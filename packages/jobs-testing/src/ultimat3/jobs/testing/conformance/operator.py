@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 from typing import Any
 
@@ -87,6 +88,37 @@ class OperatorRules:
         await jobs.enqueue(queue=held.queue, run_id=held.run_id)
         assert await jobs.introspect.remove(held.id)
         assert set((await jobs.claim_one(held.queue)).steps) == {"a"}
+
+    async def test_removing_every_row_of_a_run_at_once_takes_its_steps(
+        self, jobs: Conformance
+    ) -> None:
+        """Two removes side by side, each of a row the other's run shares: each sees the other
+        row, and neither may leave the steps behind for a later row of the run to replay."""
+        for _ in range(5):
+            held = await _with_steps(jobs, ["a"])
+            assert await jobs.ack(held)
+            other = await jobs.enqueue(queue="other", run_id=held.run_id)
+            removed = await asyncio.gather(
+                jobs.introspect.remove(held.id), jobs.introspect.remove(other.id)
+            )
+            assert removed == [True, True]
+            await jobs.enqueue(queue="later", run_id=held.run_id)
+            assert (await jobs.claim_one("later")).steps == {}
+
+    async def test_removing_in_bulk_beside_a_remove_of_the_runs_last_row_takes_its_steps(
+        self, jobs: Conformance
+    ) -> None:
+        for _ in range(5):
+            held = await _with_steps(jobs, ["a"])
+            assert await jobs.ack(held)
+            other = await jobs.enqueue(queue="other", run_id=held.run_id)
+            done = BulkFilter(JobState.DONE, queue=held.queue)
+            affected, removed = await asyncio.gather(
+                jobs.introspect.remove_many(done), jobs.introspect.remove(other.id)
+            )
+            assert (affected, removed) == (BulkResult(1, 0), True)
+            await jobs.enqueue(queue="later", run_id=held.run_id)
+            assert (await jobs.claim_one("later")).steps == {}
 
     async def test_removing_a_live_row_frees_its_key(self, jobs: Conformance) -> None:
         queued = await jobs.enqueue(key="k")
