@@ -138,7 +138,7 @@ class PostgresIntrospection:
             await self._sweep_steps([shared_run])
         return True
 
-    async def _sweep_steps(self, run_ids: list[str]) -> None:
+    async def _sweep_steps(self, run_ids: builtins.list[str]) -> None:
         """The steps of runs a remove left to another row, deleted if no row names them now."""
         await self._executor.fetch(SQL_RUN_STEPS_SWEEP, {"run_ids": run_ids}, idempotent=True)
 

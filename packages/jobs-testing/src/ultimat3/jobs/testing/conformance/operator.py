@@ -101,7 +101,7 @@ class OperatorRules:
             removed = await asyncio.gather(
                 jobs.introspect.remove(held.id), jobs.introspect.remove(other.id)
             )
-            assert removed == [True, True]
+            assert list(removed) == [True, True]
             await jobs.enqueue(queue="later", run_id=held.run_id)
             assert (await jobs.claim_one("later")).steps == {}
 
