@@ -129,6 +129,26 @@ def test_jobs_show_redacts_secrets(
     assert shown["row"]["input"] == {"name": "d", "password": "[redacted]"}
 
 
+def test_jobs_show_prints_progress_as_it_was_reported(
+    use_driver: MemoryJobDriver, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import asyncio
+
+    from ultimat3.jobs.core import Progress
+
+    async def report(progress: Progress) -> str:
+        job_id = await enqueue(f"progress-{progress.total}")
+        batch = await use_driver.claim(worker_id="w", slots={"default": 1}, visibility_timeout=30)
+        claimed = batch.jobs[0]
+        assert await use_driver.introspect.record_progress(job_id, claimed.claim, progress)
+        return job_id
+
+    counted = asyncio.run(report(Progress(done=3)))
+    assert "\nprogress 3\n" in run(capsys, "jobs", "show", counted)[1]
+    noted = asyncio.run(report(Progress(done=3, total=10, note="rows")))
+    assert "\nprogress 3/10 rows\n" in run(capsys, "jobs", "show", noted)[1]
+
+
 def test_every_command_that_prints_a_row_redacts_its_secrets(
     use_driver: MemoryJobDriver, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -145,7 +145,10 @@ async def _jobs_show(args: argparse.Namespace, driver: JobDriver) -> int:
         for step in found.steps
     ]
     if row.progress is not None:
-        lines.append(f"progress {row.progress.done}/{row.progress.total} {row.progress.note or ''}")
+        done = row.progress.done
+        total = "" if row.progress.total is None else f"/{row.progress.total}"
+        note = "" if row.progress.note is None else f" {row.progress.note}"
+        lines.append(f"progress {done}{total}{note}")
     if row.last_error:
         lines.append(f"last error:\n{row.last_error}")
     _emit(args, found, lines)
