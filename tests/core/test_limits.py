@@ -24,6 +24,7 @@ from ultimat3.jobs.core import (
     Retry,
     job,
     job_worker,
+    memory_job_driver,
 )
 from ultimat3.jobs.core.memory import MemoryJobDriver
 
@@ -305,3 +306,53 @@ def test_the_rate_windows_of_tenants_gone_quiet_are_forgotten(clock: FrozenClock
     clock.advance(61)
     assert limits.hold("q", "org-new") is None
     assert list(limits._starts) == ["org-new"]
+
+
+class SlowAcks:
+    """A memory driver on the system clock, each ack a millisecond long, as a server's round
+    trip is: the settle is still on its way when the body's end frees the run's slot."""
+
+    def __init__(self) -> None:
+        self.inner = memory_job_driver()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def ack(self, job_id: str, options: Any) -> bool:
+        await asyncio.sleep(0.001)
+        return bool(await self.inner.ack(job_id, options))
+
+
+@pytest.mark.parametrize(
+    "limits", [LimitConfig(global_=1), LimitConfig(per_queue=1)], ids=["global", "per_queue"]
+)
+async def test_the_claim_a_run_ending_brings_finds_its_place_under_the_limits_free(
+    limits: LimitConfig,
+) -> None:
+    """The place a run holds is given back when its body ends, before its slot's ring brings
+    the next claim. Given back after the settle, that claim found it still held and handed its
+    row back, and the backlog went one row per poll."""
+    done: list[int] = []
+
+    async def quick(*, input: Task) -> None:
+        done.append(input.n)
+
+    handle = tenant_job(quick)
+    driver = SlowAcks()
+    for n in range(20):
+        await driver.inner.enqueue(handle.request(Task("acme", n)))
+    worker = job_worker(
+        driver=driver,  # type: ignore[arg-type]
+        context=lambda: None,
+        jobs=[handle],
+        concurrency=4,
+        limits=limits,
+        idle_poll_max=3600,  # no poll covers for a lost ring
+    )
+    async with worker:
+        for _ in range(500):
+            if len(done) == 20:
+                break
+            await asyncio.sleep(0.01)
+    assert sorted(done) == list(range(20))
+    assert worker.stats.handed_back == 0

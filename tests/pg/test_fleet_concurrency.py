@@ -155,3 +155,42 @@ async def test_a_plain_cap_holds_across_two_workers(
     assert sorted(body.started) == [("a", n) for n in range(6)]
     assert body.total_peak == 2
     assert [row.attempt for row in await rows(one)] == [1] * 6
+
+
+async def test_a_worker_under_a_per_tenant_limit_drains_that_tenants_backlog(
+    pg_url: str,
+) -> None:
+    """The place under the process limits goes back at the body's end, before the slot's ring
+    brings the next claim. Given back after the settle (a round trip later), that claim found
+    it held and handed its rows back; when the pass had found every slot busy, the freed slots
+    rang nothing and the worker waited for good with the tenant's rows due."""
+    from ultimat3.jobs.core import LimitConfig, job
+
+    done: list[int] = []
+
+    @job(
+        input=dict,
+        idempotency_key=lambda i: f"per-tenant:{i['n']}",
+        tenant=lambda i: "acme",
+        queue="per-tenant",
+        name="fleet-per-tenant-backlog",
+    )
+    async def quick(*, input: dict[str, int]) -> None:
+        done.append(input["n"])
+
+    driver = postgres_job_driver(pg_url)
+    try:
+        await driver.enqueue_many([quick.request({"n": n}) for n in range(20)])
+        limited = job_worker(
+            driver=driver,
+            context=lambda: None,
+            jobs=[quick],
+            concurrency=4,
+            limits=LimitConfig(per_tenant=1),
+            idle_poll_max=3600,  # no poll covers for a lost ring
+        )
+        async with limited:
+            await until(lambda: len(done) == 20)
+    finally:
+        await driver.close()
+    assert sorted(done) == list(range(20))

@@ -832,9 +832,7 @@ class JobWorker:
             if run.held is not None:
                 held, run.held = run.held, None
                 await self._fleet.release(held)
-            if run.placed is not None and self._limits is not None:
-                unstarted = None if run.began else run.placed
-                self._limits.release(claimed.queue, claimed.tenant_id, unstarted=unstarted)
+            self._give_place_back(run)
             del self._runs[claimed.id, claimed.claim.claim]
             self._free_slot(run, ring=ran)
 
@@ -844,10 +842,20 @@ class JobWorker:
         next run of the key, claimed at once, must not find it held by the settle and the
         ``on_settled`` hook still on their way (``when_busy='fail'`` refused it)."""
         run.settling = True
+        self._give_place_back(run)
         if run.held is None:
             self._free_slot(run)
             return None
         return self._release_fleet_slot(run)
+
+    def _give_place_back(self, run: _Run) -> None:
+        """Give the run's place under the process limits back, once: at its body's end, before
+        the slot's ring brings the next claim (which must find the place free, or it hands the
+        row straight back), or when it ends without a body."""
+        if run.placed is not None and self._limits is not None:
+            unstarted = None if run.began else run.placed
+            run.placed = None
+            self._limits.release(run.claimed.queue, run.claimed.tenant_id, unstarted=unstarted)
 
     async def _release_fleet_slot(self, run: _Run) -> None:
         held, run.held = run.held, None
@@ -861,13 +869,14 @@ class JobWorker:
             self._free_slot(run)
 
     def _free_slot(self, run: _Run, *, ring: bool = True) -> None:
-        """Give the run's worker slot back, once. A handed-back run rings nothing: a pass now
-        would only claim it again."""
+        """Give the run's worker slot back, once. A handed-back run rings nothing (a pass now
+        would only claim it again) unless the claim loop waits for nothing but a ring: it found
+        every slot busy, and this one coming free is what it waits for."""
         if run.freed:
             return
         run.freed = True
         self._busy[run.claimed.queue] -= 1
-        if ring:
+        if ring or self._sleep_until is None:
             self._wakeup.ring()
 
     async def _admit(self, run: _Run) -> tuple[bool, BaseException | None]:
