@@ -30,7 +30,7 @@ from types import TracebackType
 from typing import Any, NamedTuple, TypeAlias, TypeVar
 
 import psycopg
-from psycopg import AsyncConnection, AsyncCursor, AsyncTransaction
+from psycopg import AsyncConnection, AsyncCursor, AsyncTransaction, IsolationLevel
 from psycopg.errors import (
     DeadlockDetected,
     SerializationFailure,
@@ -187,7 +187,7 @@ class PgExecutor:
                     min_size=self._pool_min,
                     max_size=self._pool_max,
                     kwargs={"autocommit": True, "prepare_threshold": self._prepare_threshold},
-                    configure=_in_utc,
+                    configure=_configure,
                     check=_check_when_disturbed,
                     open=False,
                     name="ultimat3-jobs",
@@ -296,18 +296,30 @@ class PgExecutor:
         return await self._retrying(go, idempotent=idempotent)
 
     async def run(
-        self, statements: Sequence[tuple[str, Params | None]], *, idempotent: bool = False
+        self,
+        statements: Sequence[tuple[str, Params | None]],
+        *,
+        idempotent: bool = False,
+        relaxed_commit: bool = False,
     ) -> list[tuple[Any, ...]]:
         """Several statements in ONE transaction; the rows of the last. For the few operations
-        that must hold a lock across statements (a lease slot)."""
+        that take a lock and then read what others committed before they let it go (a lease
+        slot, the outbox's claim turn): each statement must see those commits, so a transaction
+        of the driver's own runs READ COMMITTED whatever the database's default (under
+        REPEATABLE READ the snapshot would date from the lock's request, before the wait).
+        ``relaxed_commit`` as ``fetch`` takes it, given to every statement."""
 
         async def go(session: _Session) -> list[tuple[Any, ...]]:
             rows: list[tuple[Any, ...]] = []
-            async with session.conn.transaction():
+            conn = session.conn
+            outermost = conn.info.transaction_status == TransactionStatus.IDLE
+            async with conn.transaction():
+                if outermost and conn.isolation_level is not IsolationLevel.READ_COMMITTED:
+                    await conn.execute("set transaction isolation level read committed")
                 for query, params in statements:
-                    cursor = await session.conn.execute(
-                        on_the_wire(query), params, prepare=self._prepare
-                    )
+                    if relaxed_commit:
+                        params = _with_commit_mode(params, session)
+                    cursor = await conn.execute(on_the_wire(query), params, prepare=self._prepare)
                     rows = await cursor.fetchall() if _has_rows(cursor) else []
             return rows
 
@@ -508,11 +520,13 @@ def _has_input(fd: int) -> bool:
     return bool(readable)
 
 
-async def _in_utc(conn: AsyncConnection[Any]) -> None:
+async def _configure(conn: AsyncConnection[Any]) -> None:
     """Sessions of an owned pool speak UTC: timestamps then arrive as UTC datetimes, with no
     conversion per value. (Only a speed-up: every timestamp read is converted to UTC anyway, so
-    a proxy that does not carry the setting over changes no answer.)"""
+    a proxy that does not carry the setting over changes no answer.) Their transactions begin
+    READ COMMITTED whatever the database's default (``run`` relies on it)."""
     await conn.execute("set timezone to 'UTC'")
+    await conn.set_isolation_level(IsolationLevel.READ_COMMITTED)
 
 
 def pg_executor(target: PgTarget, **options: Any) -> PgExecutor:

@@ -46,9 +46,16 @@ class PostgresLeaseStore:
 
     async def renew(self, key: str, holder: str, *, ttl: float) -> bool:
         now = self._clock.now()
-        rows = await self._executor.fetch(
-            SQL_LEASE_RENEW,
-            {"key": key, "holder": holder, "now": now, "expires_at": now + timedelta(seconds=ttl)},
+        params = {
+            "key": key,
+            "holder": holder,
+            "now": now,
+            "expires_at": now + timedelta(seconds=ttl),
+        }
+        # Under the acquirers' lock: an acquire reading while this renewal is on its way would
+        # count the slot as lapsed and take one, and both holders would stay.
+        rows = await self._executor.run(
+            [(SQL_LEASE_LOCK, params), (SQL_LEASE_RENEW, params)],
             idempotent=True,
             relaxed_commit=True,
         )

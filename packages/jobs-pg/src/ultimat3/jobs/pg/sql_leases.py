@@ -15,8 +15,10 @@ __all__ = [
 ]
 
 SQL_LEASE_LOCK = """
--- Parameters: key. Run first, in the acquire's transaction: acquirers of one key take turns, so
--- the count SQL_LEASE_ACQUIRE reads (in its own, later snapshot) cannot be raced past the limit.
+-- Parameters: key. Run first, in the transaction of an acquire or a renewal (READ COMMITTED):
+-- acquirers and renewers of one key take turns, so the count SQL_LEASE_ACQUIRE reads (in its
+-- own, later snapshot) cannot be raced past the limit, nor count as lapsed a slot whose renewal
+-- is on its way.
 select pg_advisory_xact_lock(hashtextextended(%(key)s, 0))
 """
 
@@ -51,7 +53,8 @@ select exists (select 1 from taken)
 """
 
 SQL_LEASE_RENEW = """
--- Parameters: key, holder, now, expires_at, synchronous_commit (as SQL_CLAIM takes it). Extends
+-- Parameters: key, holder, now, expires_at, synchronous_commit (as SQL_CLAIM takes it). Run
+-- after SQL_LEASE_LOCK. Extends
 -- a slot the holder still holds; a lapsed slot is not revived (another holder may have it by
 -- now). Answers whether it landed. Committed without waiting for the WAL flush: a renewal lost in
 -- a crash only shortens the slot.
