@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from ultimat3.jobs.core import JobNameTakenError, define_api, job, task
+from ultimat3.jobs.core import FrozenClock, JobNameTakenError, define_api, job, task
 from ultimat3.jobs.core.job import JobHandle
 from ultimat3.jobs.core.registry import job_named
 
@@ -132,10 +132,19 @@ def test_two_lambdas_of_one_module_setting_the_same_name_are_refused() -> None:
 
 
 def test_the_same_declaration_seen_again_keeps_its_name() -> None:
-    """A module imported again (or reloaded) declares the same function, at the same line."""
-    taken = f"{module_name()}.again"
+    """A module imported again (or reloaded) declares the same function, at the same line, its
+    source compiled anew."""
+    name = module_name()
+    source = (
+        "from ultimat3.jobs.core import task\n"
+        f"nightly = task(cron='0 3 * * *', tz='UTC', name='{name}.again', enqueue=lambda: ())\n"
+    )
+    declared = []
     for _ in range(2):
-        task(cron="0 3 * * *", tz="UTC", name=taken, enqueue=lambda: ())
+        namespace: dict[str, Any] = {"__name__": name}
+        exec(compile(source, f"<{name}>", "exec"), namespace)
+        declared.append(namespace["nightly"])
+    assert [handle.name for handle in declared] == [f"{name}.again"] * 2
 
 
 async def test_a_job_whose_name_routes_to_another_declaration_refuses_to_enqueue(
@@ -149,3 +158,83 @@ async def test_a_job_whose_name_routes_to_another_declaration_refuses_to_enqueue
     await first.enqueue(None)
     with pytest.raises(JobNameTakenError, match="routes to another declaration"):
         await second.enqueue(None)
+
+
+def test_a_task_firing_a_job_whose_name_routes_elsewhere_is_refused() -> None:
+    """The scheduler builds its rows with ``request()``: refused there too, or the fire would
+    queue a row that runs the other declaration's body."""
+    first = declare_in(module_name(), fn_name="send_fired_twice")
+    second = declare_in(module_name(), fn_name="send_fired_twice")
+    assert job_named("send_fired_twice") is first
+    nightly = task(
+        cron="0 3 * * *", tz="UTC", name=f"{module_name()}.fire", enqueue=lambda: [(second, None)]
+    )
+    with pytest.raises(JobNameTakenError, match="routes to another declaration"):
+        nightly.requests(0, clock=FrozenClock())
+
+
+async def test_a_handle_of_a_module_reloaded_since_still_enqueues(driver: Any) -> None:
+    """The same declaration seen twice: the old handle's rows run the new one's body, which is
+    the same code."""
+    name = module_name()
+    source = (
+        "from ultimat3.jobs.core import job\n"
+        "async def reloaded(*, input: None) -> None:\n"
+        "    return None\n"
+        "notify = job(input=None, idempotency_key=lambda _: 'k', tenant='none')(reloaded)\n"
+    )
+    handles = []
+    for _ in range(2):
+        namespace: dict[str, Any] = {"__name__": name}
+        exec(compile(source, f"<{name}>", "exec"), namespace)
+        handles.append(namespace["notify"])
+    assert not (await handles[0].enqueue(None)).deduped
+
+
+async def test_a_name_define_api_moves_a_job_off_goes_to_the_job_waiting_for_it(
+    driver: Any,
+) -> None:
+    """Two modules each declare ``send``; define_api registers the first under its export name,
+    and the second, which only waited for ``send``, now holds it and enqueues."""
+    first_home = module_name()
+    first = declare_in(first_home, fn_name="send_waiting")
+    second = declare_in(module_name(), fn_name="send_waiting")
+    define_api(jobs=[module(first_home, send_welcome_waiting=first)])
+    assert (first.name, second.name) == ("send_welcome_waiting", "send_waiting")
+    assert job_named("send_waiting") is second
+    assert not (await second.enqueue(None)).deduped
+
+
+async def test_a_set_name_takes_it_from_a_job_that_only_defaulted_to_it(driver: Any) -> None:
+    """Whichever is imported first: a set name is durable, a default one is not. The job that
+    defaulted to the name waits for define_api, and enqueues nothing meanwhile."""
+    defaulted = declare_in(module_name(), fn_name="send_set_later")
+    explicit = declare_in(module_name(), fn_name="send_sms_later", name="send_set_later")
+    assert job_named("send_set_later") is explicit
+    assert not (await explicit.enqueue(None)).deduped
+    with pytest.raises(JobNameTakenError):
+        await defaulted.enqueue(None)
+
+
+def test_define_api_accepts_a_name_whose_holder_it_moves_in_the_same_call() -> None:
+    first_home, second_home = module_name(), module_name()
+    first = declare_in(first_home, fn_name="send_moved_in_call")
+    second = declare_in(second_home, fn_name="send_moved_in_call")
+    define_api(
+        jobs=[
+            module(first_home, send_email_moved=first),
+            module(second_home, send_moved_in_call=second),
+        ]
+    )
+    assert (first.name, second.name) == ("send_email_moved", "send_moved_in_call")
+    assert job_named("send_moved_in_call") is second
+
+
+def test_a_job_a_module_builds_from_an_imported_body_is_its_export() -> None:
+    """``send_welcome = job(...)(send)`` with ``send`` from another module: the handle is this
+    module's, though its body's ``__module__`` names the other one."""
+    mailer, app = module_name(), module_name()
+    handle = declare_in(mailer, fn_name="send_imported_body")
+    api = define_api(jobs=[module(mailer), module(app, send_welcome_imported=handle)])
+    assert api.jobs == {"send_welcome_imported": handle}
+    assert handle.name == "send_welcome_imported"

@@ -17,7 +17,9 @@ __all__ = [
     "MAX_BULK_ROWS",
     "MAX_CATCH_UP",
     "MAX_CONCURRENCY_KEY_LENGTH",
+    "MAX_IDEMPOTENCY_KEY_BYTES",
     "MAX_JOB_PAGE",
+    "MAX_NAME_BYTES",
     "MAX_TASK_FIRES",
     "MAX_WORKER_IN_FLIGHT",
     "ON_SETTLED_ATTEMPTS",
@@ -36,6 +38,12 @@ __all__ = [
 ]
 
 DEFAULT_QUEUE = "default"
+MAX_NAME_BYTES = 500
+"""The longest name a row is keyed by, in UTF-8 bytes: a job, task or queue name, a run id, a
+step name, a tenant. A Postgres index entry holds at most 2,704 bytes, and the live-key index
+holds a name, a tenant and an idempotency key in one."""
+MAX_IDEMPOTENCY_KEY_BYTES = 1000
+"""The longest idempotency key, in UTF-8 bytes (see ``MAX_NAME_BYTES``)."""
 JOBS_CONCURRENCY_DEFAULT = 8
 """Slots of a queue the worker's ``concurrency`` table does not name."""
 

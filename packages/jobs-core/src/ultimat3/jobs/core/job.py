@@ -238,6 +238,7 @@ class JobHandle(registry.Declared, Generic[InputT, ResultT]):
     ) -> EnqueueRequest:
         """The row an enqueue of ``input`` inserts. Everything is decided here, by the
         enqueuer: the ids, the tenant, and ``run_at`` on the enqueuer's clock."""
+        self._check_routes_here()
         parsed = self.codec.parse(input)
         payload = self.codec.dump(parsed)
         key = self.idempotency_key_of(parsed)
@@ -321,15 +322,22 @@ class JobHandle(registry.Declared, Generic[InputT, ResultT]):
         )
         return await self._publish(request, on_conflict)
 
-    async def _publish(self, request: EnqueueRequest, on_conflict: OnConflict) -> Enqueued:
+    def _check_routes_here(self) -> None:
+        """A row of this job's name must run this job's body: refused when the name routes to
+        another declaration (two modules each declaring ``send``, nobody calling define_api),
+        whichever path builds the row — an enqueue, a task's fire, a batch of ``request()``."""
         routed = registry.job_named(self.name)
-        if routed is not None and routed is not self:
-            raise JobNameTakenError(
-                f"job name {self.name!r} routes to another declaration ({routed.origin}): a row "
-                "queued under it would run that body. Give this job its own name=, or register "
-                "its module with define_api() so it is named after its export",
-                meta={"name": self.name},
-            )
+        if routed is not None and registry.same_declaration(routed, self):
+            return
+        where = "no declaration" if routed is None else f"another declaration ({routed.origin})"
+        raise JobNameTakenError(
+            f"job name {self.name!r} routes to {where}: a row queued under it would not run "
+            "this body. Give this job its own name=, or register its module with define_api() "
+            "so it is named after its export",
+            meta={"name": self.name},
+        )
+
+    async def _publish(self, request: EnqueueRequest, on_conflict: OnConflict) -> Enqueued:
         if on_conflict not in ("dedupe", "error"):
             raise InvariantError(f"on_conflict must be 'dedupe' or 'error', got {on_conflict!r}")
         queued = await jobs_facade().enqueue(request)

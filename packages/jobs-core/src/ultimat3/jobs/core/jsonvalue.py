@@ -11,6 +11,7 @@ from enum import Enum
 from typing import Any, TypeGuard, cast
 from uuid import UUID
 
+from .constants import MAX_NAME_BYTES
 from .model import JsonValue
 
 __all__ = [
@@ -18,6 +19,7 @@ __all__ = [
     "json_roundtrip",
     "json_text",
     "storable_form",
+    "storable_name",
     "storable_strings",
     "storable_text",
     "to_json",
@@ -45,6 +47,14 @@ def storable_text(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+def storable_name(text: str, max_bytes: int = MAX_NAME_BYTES) -> bool:
+    """Whether ``text`` can key a row on every driver: ``storable_text``, and no longer than
+    ``max_bytes`` in UTF-8, which the indexes holding it bound."""
+    if not storable_text(text):
+        return False
+    return len(text) <= max_bytes if text.isascii() else len(text.encode()) <= max_bytes
 
 
 def storable_form(text: str) -> str:

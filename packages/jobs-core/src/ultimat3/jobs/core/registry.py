@@ -9,12 +9,15 @@ name the module exports it under. Everything that would put two declarations on 
 from __future__ import annotations
 
 import itertools
+import sys
 import types
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from .constants import MAX_NAME_BYTES
 from .errors import JobDeclarationInvalidError, JobNameTakenError
+from .jsonvalue import storable_name
 
 if TYPE_CHECKING:
     from .job import AnyJobHandle
@@ -42,11 +45,12 @@ def anonymous_name(kind: str) -> str:
     return f"anonymous-{kind}-{next(_anonymous[kind])}"
 
 
-def _same_declaration(a: Any, b: Any) -> bool:
+def same_declaration(a: Any, b: Any) -> bool:
     """A module re-imported (or reloaded) declares the same thing again: same module, same
     qualified name, same line. That is one declaration seen twice, not a collision. (The line
     tells apart what shares a qualified name in one module: two lambdas, two functions defined
-    in one enclosing function.)"""
+    in one enclosing function.) A test declaring a job inside itself, run once per parameter,
+    is that too; so is a factory called twice with one name, whose later job then holds it."""
     return bool(a is b or (a.origin is not None and a.origin == b.origin))
 
 
@@ -54,29 +58,53 @@ def _table(kind: str) -> dict[str, Any]:
     return _jobs if kind == "job" else _tasks
 
 
+_waiting: dict[str, dict[str, list[Any]]] = {"job": {}, "task": {}}
+"""Per kind and name, the declarations that asked for a name another one held: the first still
+named so takes it when it is let go (``define_api`` moved its holder to an export name)."""
+
+
 def claim_name(kind: str, name: str, handle: Any, *, explicit: bool) -> None:
-    """Seat ``handle`` on ``name``. An explicit name held by another declaration is refused at
-    once; an implicit one waits for ``define_api`` to settle collisions."""
+    """Seat ``handle`` on ``name``. An explicit name held by another explicit declaration is
+    refused at once; one held by a declaration that only defaulted to it takes the seat (a set
+    name is durable, a default one is not), and that one waits, as an implicit name held by
+    another does, for ``define_api`` to settle the collision."""
     global _version
     table = _table(kind)
     held = table.get(name)
-    if held is None or _same_declaration(held, handle):
+    if held is None or same_declaration(held, handle):
         table[name] = handle
         _version += 1
-    elif explicit:
+    elif explicit and held.explicit_name:
         raise JobNameTakenError(
             f"two {kind} declarations set name={name!r}; a name is a durable queue key, "
             "so give one of them another name",
             meta={"name": name},
         )
+    elif explicit:
+        table[name] = handle
+        _version += 1
+        _waiting[kind].setdefault(name, []).append(held)
+    else:
+        _waiting[kind].setdefault(name, []).append(handle)
 
 
 def release_name(kind: str, name: str, handle: Any) -> None:
+    """Let go of ``name``; a declaration waiting for it, still named so, takes it."""
     global _version
     table = _table(kind)
-    if table.get(name) is handle:
-        del table[name]
-        _version += 1
+    if table.get(name) is not handle:
+        return
+    del table[name]
+    _version += 1
+    waiting = _waiting[kind].get(name, [])
+    while waiting:
+        candidate = waiting.pop(0)
+        if candidate is not handle and candidate.name == name:
+            table[name] = candidate
+            _version += 1
+            break
+    if not waiting:
+        _waiting[kind].pop(name, None)
 
 
 def registry_version() -> int:
@@ -102,9 +130,11 @@ class Declared:
         self.origin = f"{self.module}:{qualname}:{line}" if self.module and qualname else None
         self.explicit_name = name is not None
         if name is not None:
-            if not isinstance(name, str) or not name.strip():
+            if not isinstance(name, str) or not name.strip() or not storable_name(name):
                 raise JobDeclarationInvalidError(
-                    f"{self.kind} name must be a non-empty string, got {name!r}",
+                    f"{self.kind} name must be a non-empty string of at most "
+                    f"{MAX_NAME_BYTES} bytes with no NUL character and no lone surrogate, got "
+                    f"{name!r:.80}",
                     meta={"field": "name"},
                 )
             self.name = name
@@ -167,12 +197,24 @@ def define_api(
     )
 
 
+def _imported(handle: Any, module: types.ModuleType, given: dict[str, types.ModuleType]) -> bool:
+    """Whether ``handle`` is another module's export that ``module`` imported: declared from a
+    body of another module (one of those ``given``, else an imported one) that holds it too. A
+    handle a module builds from a body it imported (``send_welcome = job(...)(send)``), or takes
+    from a factory, is the module's own."""
+    if handle.module == module.__name__:
+        return False
+    home = given.get(handle.module) or sys.modules.get(handle.module or "")
+    return home is not None and any(value is handle for value in vars(home).values())
+
+
 def _register(kind: str, handle_type: Any, modules: Iterable[types.ModuleType]) -> dict[str, Any]:
     exports: dict[str, Any] = {}
     aliases: dict[int, str] = {}
-    for module in modules:
+    given = {module.__name__: module for module in modules}
+    for module in given.values():
         for export, value in list(vars(module).items()):
-            if not isinstance(value, handle_type) or value.module != module.__name__:
+            if not isinstance(value, handle_type) or _imported(value, module, given):
                 continue
             seen = aliases.get(id(value))
             if seen is not None and seen != export and not value.explicit_name:
@@ -191,9 +233,10 @@ def _register(kind: str, handle_type: Any, modules: Iterable[types.ModuleType]) 
                 )
             exports[name] = value
     table = _table(kind)
+    moving = {id(value) for name, value in exports.items() if value.name != name}
     for name, value in exports.items():
         held = table.get(name)
-        if held is not None and not _same_declaration(held, value):
+        if held is not None and not same_declaration(held, value) and id(held) not in moving:
             raise JobNameTakenError(
                 f"{kind} name {name!r} is already held by another declaration "
                 f"({held.origin or held.name})",
