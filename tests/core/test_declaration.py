@@ -207,3 +207,32 @@ def test_a_sync_body_without_step_is_declared() -> None:
         return None
 
     assert job(input=Sync, idempotency_key=_key, tenant="none")(sync_body).parameters == ("input",)
+
+
+class Deliver:
+    """A body as an object whose ``__call__`` is a coroutine function."""
+
+    def __init__(self) -> None:
+        self.delivered: list[str] = []
+
+    async def __call__(self, *, input: dict[str, str], step: Any) -> str:
+        return str(await step.run("deliver", lambda: self.delivered.append(input["to"]) or "sent"))
+
+
+async def test_an_object_whose_call_is_async_is_an_async_body(driver: Any) -> None:
+    """It takes ``step`` like any async body, and its coroutine is awaited: taken for a sync
+    body, it was refused for asking for ``step`` (or, without it, run in a thread that made a
+    coroutine and ran nothing)."""
+    from ultimat3.jobs.core import execute_job, job
+
+    body = Deliver()
+    handle = job(
+        input=dict,
+        idempotency_key=lambda i: i["to"],
+        tenant="none",
+        name="declaration-async-callable",
+    )(body)
+    await handle.enqueue({"to": "ada"})
+    batch = await driver.claim(worker_id="w", slots={"default": 1}, visibility_timeout=30)
+    execution = await execute_job(batch.jobs[0], driver=driver, handle=handle)
+    assert (execution.outcome, execution.result, body.delivered) == ("completed", "sent", ["ada"])

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from uuid import UUID, uuid4
 
 import pytest
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from ultimat3.jobs.core import (
     Actor,
@@ -17,6 +17,7 @@ from ultimat3.jobs.core import (
     DriverUnavailableError,
     Enqueued,
     FrozenClock,
+    InvariantError,
     JobConcurrencyKeyInvalidError,
     JobDeclarationInvalidError,
     JobDuplicateError,
@@ -25,6 +26,7 @@ from ultimat3.jobs.core import (
     JobState,
     JobTenantMismatchError,
     JobTenantRequiredError,
+    execute_job,
     job,
     reset_job_driver,
 )
@@ -234,6 +236,7 @@ async def test_a_tenant_function_that_names_no_org_is_refused_at_enqueue(
 UNSTORABLE = [
     pytest.param("a\x00b", id="a NUL character"),
     pytest.param("a\ud800b", id="a lone surrogate"),
+    pytest.param("é" * 600, id="over the bytes a key holds"),
 ]
 """Text no driver can store alike: Postgres refuses a NUL in a text column, UTF-8 has no lone
 surrogate, and the memory and Redis drivers would have taken both."""
@@ -266,3 +269,153 @@ async def test_enqueue_with_nothing_installed_is_x_driver_unavailable() -> None:
     with pytest.raises(DriverUnavailableError) as caught:
         await digest_for_enqueue.enqueue(Digest(day="d"))
     assert caught.value.code == "X_DRIVER_UNAVAILABLE"
+
+
+async def test_a_tenant_id_the_input_does_not_name_is_refused(driver: MemoryJobDriver) -> None:
+    """As ``as_()`` refuses an actor of another org: the row would fail its first attempt."""
+    with pytest.raises(JobTenantMismatchError):
+        bill_for_enqueue.request(Invoice(org_id="org-a", number=1), tenant_id="org-b")
+    request = bill_for_enqueue.request(Invoice(org_id="org-a", number=1), tenant_id="org-a")
+    assert request.tenant_id == "org-a"
+
+
+@pytest.mark.parametrize(
+    "run_at",
+    [datetime(2026, 1, 1), datetime(2026, 1, 1).date(), "2026-01-01T00:00:00Z", 0],
+    ids=["naive", "a date", "text", "a number"],
+)
+async def test_a_run_at_that_is_not_an_aware_datetime_is_x_invariant(
+    driver: MemoryJobDriver, run_at: object
+) -> None:
+    with pytest.raises(InvariantError) as caught:
+        await digest_for_enqueue.enqueue(Digest(day="d"), run_at=run_at)  # type: ignore[arg-type]
+    assert caught.value.meta == {"field": "run_at"}
+    assert await rows(driver) == []
+
+
+@pytest.mark.parametrize(
+    "actor",
+    [Actor(id="u\x00"), Actor(id="\ud800"), Actor(org_id="o\x00"), Actor(org_id="")],
+    ids=["a NUL id", "a surrogate id", "a NUL org", "an empty org"],
+)
+async def test_an_actor_no_driver_can_store_is_refused(
+    driver: MemoryJobDriver, actor: Actor
+) -> None:
+    with pytest.raises(InvariantError):
+        await digest_for_enqueue.as_(actor, Digest(day="d"))
+    assert await rows(driver) == []
+
+
+class Order(BaseModel):
+    order_id: str = Field(alias="orderId")
+
+
+@job(input=Order, idempotency_key=lambda i: f"order:{i.order_id}", tenant="none")
+async def ship_order(*, input: Order) -> str:
+    return input.order_id
+
+
+async def test_a_model_with_aliases_is_stored_as_it_validates(driver: MemoryJobDriver) -> None:
+    """Dumped by field name, the stored input did not validate: every attempt dead-lettered
+    with X_VALIDATION before its body ran."""
+    queued = await ship_order.enqueue(Order(orderId="o-1"))
+    detail = await driver.introspect.get(queued.id)
+    assert detail is not None
+    assert detail.row.input == {"orderId": "o-1"}
+    batch = await driver.claim(worker_id="w", slots={"default": 1}, visibility_timeout=30)
+    execution = await execute_job(batch.jobs[0], driver=driver, handle=ship_order)
+    assert (execution.outcome, execution.result) == ("completed", "o-1")
+
+
+class Secretive(BaseModel):
+    token: str = Field(exclude=True)
+
+
+@job(input=Secretive, idempotency_key=lambda i: "secretive", tenant="none")
+async def use_token(*, input: Secretive) -> None:
+    return None
+
+
+class Ratio(BaseModel):
+    value: float
+
+
+@job(input=Ratio, idempotency_key=lambda i: "ratio", tenant="none")
+async def keep_ratio(*, input: Ratio) -> None:
+    return None
+
+
+@dataclass
+class Sku:
+    sku: str
+
+
+@dataclass
+class Line:
+    item: Sku
+    at: datetime
+
+
+@job(input=Line, idempotency_key=lambda i: f"line:{i.item.sku}", tenant="none")
+async def book_line(*, input: Line) -> None:
+    return None
+
+
+@job(input=dict, idempotency_key=lambda i: "any", tenant="none")
+async def keep_any(*, input: dict[str, object]) -> None:
+    return None
+
+
+def nested(depth: int) -> object:
+    value: object = 1
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize(
+    "enqueue",
+    [
+        pytest.param(lambda: use_token.enqueue(Secretive(token="t")), id="a field it excludes"),
+        pytest.param(lambda: keep_ratio.enqueue(Ratio(value=math.nan)), id="a model's NaN"),
+        pytest.param(
+            lambda: book_line.enqueue(Line(Sku("x"), datetime(2026, 1, 1, tzinfo=UTC))),
+            id="a dataclass's typed fields",
+        ),
+        pytest.param(lambda: keep_any.enqueue({"n": 10**5000}), id="an int past JSON text"),
+        pytest.param(
+            lambda: record_reading.enqueue(Reading(nested(150))),  # type: ignore[arg-type]
+            id="nesting past MAX_JSON_DEPTH",
+        ),
+    ],
+)
+async def test_an_input_that_would_not_read_back_is_refused_at_enqueue(
+    driver: MemoryJobDriver, enqueue: Callable[[], Awaitable[Enqueued]]
+) -> None:
+    """Each of these was queued, then dead-lettered at its first claim without its body
+    running (or stored by one driver and refused by another)."""
+    with pytest.raises(JobInputInvalidError) as caught:
+        await enqueue()
+    assert caught.value.code == "X_VALIDATION"
+    assert await rows(driver) == []
+
+
+class Credentials(BaseModel):
+    host_name: str
+    api_key: str
+
+
+@job(input=Credentials, idempotency_key=lambda i: i.host_name, tenant="none")
+async def connect(*, input: Credentials) -> None:
+    return None
+
+
+async def test_an_input_that_no_longer_parses_says_where_not_what(
+    driver: MemoryJobDriver,
+) -> None:
+    """The message goes into last_error and the log, which redact nothing: it names the fields
+    that failed, never the values the input held."""
+    with pytest.raises(JobInputInvalidError) as caught:
+        connect.codec.parse({"host": "db-1", "api_key": "sk-live-SECRET"})
+    assert "sk-live-SECRET" not in str(caught.value)
+    assert "host_name" in str(caught.value)

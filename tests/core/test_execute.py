@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
@@ -21,6 +22,7 @@ from ultimat3.jobs.core import (
     ClaimedJob,
     DriverUnavailableError,
     FrozenClock,
+    InvariantError,
     JobAbortedError,
     JobContext,
     JobDrainedError,
@@ -506,6 +508,30 @@ async def test_the_last_progress_lands_last_whatever_an_earlier_write_takes(
     await execute_job(await claim_one(driver), driver=driver, handle=handle)
     assert landed == ["start", "end"]
     assert (await row(driver, queued.id)).progress == Progress(done=2, total=2, note="end")
+
+
+@pytest.mark.parametrize(
+    "report",
+    [(math.nan, 2, None), (1, math.inf, None), ("three", None, None), (1, 2, 3)],
+    ids=["a NaN count", "an infinite total", "a count that is text", "a note that is not"],
+)
+async def test_progress_no_driver_stores_is_refused_to_the_body(
+    driver: MemoryJobDriver, clock: FrozenClock, report: tuple[Any, Any, Any]
+) -> None:
+    """A NaN count was kept by the memory driver and dropped, silently, by the servers'."""
+    refused: list[str] = []
+
+    async def reports(*, input: Ping, progress: Any) -> None:
+        try:
+            progress(*report)
+        except InvariantError as exc:
+            refused.append(exc.code)
+
+    handle = ping_job(reports)
+    queued = await handle.enqueue(Ping("bad-progress"))
+    await execute_job(await claim_one(driver), driver=driver, handle=handle)
+    assert refused == ["X_INVARIANT"]
+    assert (await row(driver, queued.id)).progress is None
 
 
 async def test_on_settled_is_told_completed_with_the_result_under_the_tenant(

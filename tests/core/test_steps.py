@@ -83,6 +83,22 @@ async def test_a_result_json_cannot_hold_is_x_step_output_invalid(clock: FrozenC
         await make_step(Storage(), clock).run("set", lambda: {1, 2})
 
 
+async def test_a_result_nested_past_max_json_depth_is_x_step_output_invalid(
+    clock: FrozenClock,
+) -> None:
+    """Stored by one driver and refused by another's decoder (or by the claim reading it back,
+    with every row of that claim): refused here, before anything is stored."""
+
+    def deep() -> object:
+        value: object = 1
+        for _ in range(150):
+            value = {"down": value}
+        return value
+
+    with pytest.raises(StepOutputInvalidError):
+        await make_step(Storage(), clock).run("deep", deep)
+
+
 async def test_a_step_name_twice_in_one_run_is_x_step_duplicate(clock: FrozenClock) -> None:
     step = make_step(Storage(), clock)
     await step.run("charge", lambda: 1)
@@ -347,7 +363,11 @@ async def test_steps_run_side_by_side_are_numbered_in_the_order_they_started(
     assert {name: record.seq for name, record in storage.records.items()} == {"slow": 0, "fast": 1}
 
 
-@pytest.mark.parametrize("name", ["", "a\x00b", 7])
+@pytest.mark.parametrize(
+    "name",
+    ["", "a\x00b", 7, "lone \udcff", "é" * 300],
+    ids=["empty", "a NUL", "not text", "a lone surrogate", "over the bytes a name holds"],
+)
 async def test_a_step_name_no_store_can_hold_is_refused_before_the_step_runs(
     clock: FrozenClock, name: Any
 ) -> None:

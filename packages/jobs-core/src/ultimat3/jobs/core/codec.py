@@ -50,7 +50,7 @@ class InputCodec(Generic[InputT]):
             raise
         except Exception as exc:
             raise JobInputInvalidError(
-                f"input does not parse as {self.type_name}: {exc}",
+                f"input does not parse as {self.type_name}: {_without_values(exc)}",
                 meta={"input_type": self.type_name},
             ) from exc
         return value
@@ -79,11 +79,56 @@ class InputCodec(Generic[InputT]):
         return self.declared(**raw)
 
     def dump(self, value: InputT) -> JsonValue:
-        """The JSON form of a value ``parse`` answered: what the row stores and a claim parses."""
+        """The JSON form of a value ``parse`` answered: what the row stores and a claim parses.
+        A typed input must read back from it as it was given (a model validates again, a
+        dataclass's fields come back equal): refused here, at the enqueue, rather than at the
+        first claim, where the row would dead-letter without its body running."""
         try:
-            return to_json(value)
+            if self.kind == "pydantic":  # by alias: what model_validate reads
+                stored = to_json(cast(Any, value).model_dump(mode="json", by_alias=True))
+            else:
+                stored = to_json(value)
         except (TypeError, ValueError) as exc:
             raise JobInputInvalidError(
                 f"input of type {self.type_name} cannot be stored as JSON: {exc}",
                 meta={"input_type": self.type_name},
             ) from exc
+        if self.kind in ("pydantic", "dataclass"):
+            self._reads_back(value, stored)
+        return stored
+
+    def _reads_back(self, value: InputT, stored: JsonValue) -> None:
+        try:
+            again = self._parse(stored)
+        except Exception as exc:
+            raise JobInputInvalidError(
+                f"input of type {self.type_name} does not parse back from its stored JSON form, "
+                f"as every claim parses it: {_without_values(exc)}",
+                meta={"input_type": self.type_name},
+            ) from exc
+        if self.kind == "dataclass":
+            names = [f.name for f in dataclasses.fields(cast(Any, value))]
+            if [getattr(again, n) for n in names] != [getattr(value, n) for n in names]:
+                raise JobInputInvalidError(
+                    f"input of type {self.type_name} reads back from its stored JSON form with "
+                    "other values: a dataclass's fields come back as JSON values (a nested "
+                    "dataclass as a dict, a datetime, UUID or enum as text, a tuple as a list); "
+                    "declare a pydantic model for typed fields",
+                    meta={"input_type": self.type_name},
+                )
+
+
+def _without_values(error: BaseException) -> str:
+    """What a parse failure says, without the values it failed on: a pydantic error quotes the
+    input, secrets and all, and the message is stored as the row's ``last_error``."""
+    errors = getattr(error, "errors", None)
+    if not callable(errors):
+        return str(error)
+    try:
+        found = errors(include_input=False, include_url=False)
+    except TypeError:
+        return type(error).__name__
+    return "; ".join(
+        f"{'.'.join(str(part) for part in item.get('loc', ())) or 'input'}: {item.get('msg', '')}"
+        for item in found
+    )

@@ -19,6 +19,7 @@ __all__ = [
     "MAX_CONCURRENCY_KEY_LENGTH",
     "MAX_IDEMPOTENCY_KEY_BYTES",
     "MAX_JOB_PAGE",
+    "MAX_JSON_DEPTH",
     "MAX_NAME_BYTES",
     "MAX_TASK_FIRES",
     "MAX_WORKER_IN_FLIGHT",
@@ -44,6 +45,11 @@ step name, a tenant. A Postgres index entry holds at most 2,704 bytes, and the l
 holds a name, a tenant and an idempotency key in one."""
 MAX_IDEMPOTENCY_KEY_BYTES = 1000
 """The longest idempotency key, in UTF-8 bytes (see ``MAX_NAME_BYTES``)."""
+MAX_JSON_DEPTH = 100
+"""How deep a stored value (an input, a step's output, an event's payload) may nest: far past
+what any job means to store, and well inside what every driver and the claim that reads it back
+can decode (past about 900 levels Python's JSON decoder gives up, at a depth that depends on the
+stack it runs on)."""
 JOBS_CONCURRENCY_DEFAULT = 8
 """Slots of a queue the worker's ``concurrency`` table does not name."""
 

@@ -24,12 +24,13 @@ import asyncio
 import functools
 import inspect
 import logging
+import math
 import time
 import traceback
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from .clock import Clock
 from .constants import (
@@ -42,6 +43,7 @@ from .constants import (
 from .context import JobContext, JobOutcome, Settled, SettledOutcome, StopReason
 from .errors import (
     DriverUnavailableError,
+    InvariantError,
     JobAbortedError,
     JobDrainedError,
     JobInputInvalidError,
@@ -836,6 +838,24 @@ async def announce_exhausted(
     )
 
 
+def _check_progress(done: object, total: object, note: object) -> None:
+    """What a body reports, refused (``X_INVARIANT``) where no driver stores it: a count that is
+    not a finite number (NaN is JSON to none of them), a note that is not text."""
+    for field_name, value in (("done", done), ("total", total)):
+        if value is None and field_name == "total":
+            continue
+        finite = isinstance(value, int | float) and not isinstance(value, bool)
+        if not finite or not math.isfinite(cast(float, value)):
+            raise InvariantError(
+                f"progress {field_name} must be a finite number, got {value!r:.80}",
+                meta={"field": field_name},
+            )
+    if note is not None and not isinstance(note, str):
+        raise InvariantError(
+            f"progress note must be a string, got {note!r:.80}", meta={"field": "note"}
+        )
+
+
 class _ProgressReporter:
     """``progress(done, total, note)`` for a body: at most one write per second per run, plus
     the last one before the settle. Writes after the abort are refused (``X_ABORTED``)."""
@@ -857,6 +877,7 @@ class _ProgressReporter:
     def __call__(self, done: float, total: float | None = None, note: str | None = None) -> None:
         if self._signal.aborted:
             raise JobAbortedError("progress reported after the attempt was aborted")
+        _check_progress(done, total, note)
         progress = Progress(done=done, total=total, note=note)
         try:
             on_the_loop = asyncio.get_running_loop() is self._loop

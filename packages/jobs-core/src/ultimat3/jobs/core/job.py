@@ -17,7 +17,13 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, TypeAlias, TypeVar, cas
 from . import registry
 from .clock import Clock, utc
 from .codec import InputCodec
-from .constants import DEFAULT_EVENT_POLL_S, DEFAULT_QUEUE, MAX_CONCURRENCY_KEY_LENGTH
+from .constants import (
+    DEFAULT_EVENT_POLL_S,
+    DEFAULT_QUEUE,
+    MAX_CONCURRENCY_KEY_LENGTH,
+    MAX_IDEMPOTENCY_KEY_BYTES,
+    MAX_NAME_BYTES,
+)
 from .context import JobContext, ProgressFn, Settled
 from .durations import Duration, parse_duration
 from .errors import (
@@ -28,12 +34,13 @@ from .errors import (
     JobDeclarationInvalidError,
     JobDuplicateError,
     JobNameTakenError,
+    JobsError,
     JobTenantMismatchError,
     JobTenantRequiredError,
 )
 from .facade import enqueuer_clock, jobs_facade
 from .ids import new_id
-from .jsonvalue import storable_text
+from .jsonvalue import storable_name, storable_text
 from .model import Enqueued, EnqueueRequest
 from .retry import Retry
 from .tenancy import Actor
@@ -143,7 +150,7 @@ class JobHandle(registry.Declared, Generic[InputT, ResultT]):
         on_settled: Callable[[Settled[Any]], Awaitable[None] | None] | None = None,
     ) -> None:
         self.body = _check_body(body)
-        self._body_is_async = inspect.iscoroutinefunction(body)
+        self._body_is_async = awaits_when_called(body)
         self.codec: InputCodec[InputT] = InputCodec(input)
         self.idempotency_key = _check_idempotency_key(idempotency_key)
         self.tenant = _check_tenant(tenant)
@@ -162,7 +169,7 @@ class JobHandle(registry.Declared, Generic[InputT, ResultT]):
         """The names the body asks for, in ``BODY_PARAMETERS`` order."""
         if not self._body_is_async and "step" in inspect.signature(body).parameters:
             raise JobDeclarationInvalidError(
-                f"{body.__qualname__}: a sync body cannot take step — its methods are coroutines, "
+                f"{_named(body)}: a sync body cannot take step — its methods are coroutines, "
                 "and a call the body cannot await would run nothing; declare it `async def`",
                 meta={"field": "run", "parameter": "step"},
             )
@@ -182,20 +189,22 @@ class JobHandle(registry.Declared, Generic[InputT, ResultT]):
         if org is None:
             return None
         tenant = str(org)
-        if not storable_text(tenant):
+        if not storable_name(tenant):
             raise JobDeclarationInvalidError(
-                f"{self.name}: tenant(input) answered {tenant!r}, which holds a NUL character or "
-                "a lone surrogate (Postgres stores neither as text)",
+                f"{self.name}: tenant(input) answered {tenant!r:.80}, which is over "
+                f"{MAX_NAME_BYTES} bytes or holds a NUL character or a lone surrogate (no "
+                "driver can key a row by it)",
                 meta={"job": self.name},
             )
         return tenant
 
     def idempotency_key_of(self, value: InputT) -> str:
         key = self.idempotency_key(value)
-        if not isinstance(key, str) or not key or not storable_text(key):
+        if not isinstance(key, str) or not key or not storable_name(key, MAX_IDEMPOTENCY_KEY_BYTES):
             raise JobDeclarationInvalidError(
-                f"{self.name}: idempotency_key(input) must answer a non-empty string with no NUL "
-                f"character and no lone surrogate (every driver stores it as text), got {key!r}",
+                f"{self.name}: idempotency_key(input) must answer a non-empty string of at most "
+                f"{MAX_IDEMPOTENCY_KEY_BYTES} bytes with no NUL character and no lone surrogate "
+                f"(every driver keys the row by it), got {key!r:.80}",
                 meta={"job": self.name},
             )
         return key
@@ -252,6 +261,7 @@ class JobHandle(registry.Declared, Generic[InputT, ResultT]):
                 meta={"job": self.name},
             )
         if actor is not None:
+            _check_actor(actor)
             if self.tenant != "none" and actor.org_id != declared:
                 raise JobTenantMismatchError(
                     f"{self.name}: the actor acts for org {actor.org_id!r} but the input names "
@@ -261,11 +271,19 @@ class JobHandle(registry.Declared, Generic[InputT, ResultT]):
             tenant_id = actor.org_id
         elif tenant_id is None:
             tenant_id = declared
+        elif self.tenant != "none" and tenant_id != declared:
+            raise JobTenantMismatchError(
+                f"{self.name}: tenant_id={tenant_id!r} but the input names {declared!r}; the "
+                "row runs for the org its input names",
+                meta={"job": self.name},
+            )
+        else:
+            _check_name(tenant_id, "tenant_id", InvariantError)
         if delay is not None and run_at is not None:
             raise InvariantError("pass delay or run_at, not both")
         now = (clock or enqueuer_clock()).now()
         if run_at is not None:
-            due = utc(run_at)
+            due = _run_at(run_at)
         elif delay is not None:
             due = now + timedelta(seconds=parse_duration(delay, field="delay"))
         else:
@@ -473,6 +491,18 @@ else:
 # -- declaration checks ------------------------------------------------------------------------
 
 
+def awaits_when_called(fn: object) -> bool:
+    """Whether calling ``fn`` answers an awaitable: an ``async def`` function, or an object whose
+    ``__call__`` is one."""
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None)  # noqa: B004 - the method itself is what is asked
+    )
+
+
+def _named(fn: object) -> str:
+    return str(getattr(fn, "__qualname__", None) or repr(fn))
+
+
 def _check_body(body: Callable[..., Any]) -> Callable[..., Any]:
     if not callable(body):
         raise JobDeclarationInvalidError("job() decorates a function", meta={"field": "run"})
@@ -487,13 +517,13 @@ def _body_parameters(body: Callable[..., Any]) -> tuple[str, ...]:
             return BODY_PARAMETERS
         if parameter.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.POSITIONAL_ONLY):
             raise JobDeclarationInvalidError(
-                f"{body.__qualname__}: job bodies take keyword parameters by name "
+                f"{_named(body)}: job bodies take keyword parameters by name "
                 f"({', '.join(BODY_PARAMETERS)})",
                 meta={"field": "run"},
             )
         if parameter.name not in BODY_PARAMETERS:
             raise JobDeclarationInvalidError(
-                f"{body.__qualname__}: unknown parameter {parameter.name!r}; a body may ask for "
+                f"{_named(body)}: unknown parameter {parameter.name!r}; a body may ask for "
                 f"{', '.join(BODY_PARAMETERS)}",
                 meta={"field": "run", "parameter": parameter.name},
             )
@@ -589,11 +619,30 @@ def _positive(value: Duration | None, field_name: str) -> float | None:
     return seconds
 
 
-def _check_name(value: Any, field_name: str) -> str:
-    if not isinstance(value, str) or not value.strip() or not storable_text(value):
-        raise JobDeclarationInvalidError(
-            f"{field_name} must be a non-empty string with no NUL character and no lone "
-            f"surrogate, got {value!r}",
+def _check_name(
+    value: Any, field_name: str, error: type[JobsError] = JobDeclarationInvalidError
+) -> str:
+    if not isinstance(value, str) or not value.strip() or not storable_name(value):
+        raise error(
+            f"{field_name} must be a non-empty string of at most {MAX_NAME_BYTES} bytes with no "
+            f"NUL character and no lone surrogate, got {value!r:.80}",
             meta={"field": field_name},
         )
     return value
+
+
+def _check_actor(actor: Actor) -> None:
+    """An actor's ids go on the row (its org as the tenant, its id as ``enqueued_by``): each
+    None or a name every driver stores."""
+    for field_name in ("id", "org_id"):
+        if getattr(actor, field_name) is not None:
+            _check_name(getattr(actor, field_name), f"actor.{field_name}", InvariantError)
+
+
+def _run_at(value: Any) -> datetime:
+    if not isinstance(value, datetime) or value.tzinfo is None:
+        raise InvariantError(
+            f"run_at must be a timezone-aware datetime, got {value!r:.80}",
+            meta={"field": "run_at"},
+        )
+    return utc(value)

@@ -11,7 +11,7 @@ from enum import Enum
 from typing import Any, TypeGuard, cast
 from uuid import UUID
 
-from .constants import MAX_NAME_BYTES
+from .constants import MAX_JSON_DEPTH, MAX_NAME_BYTES
 from .model import JsonValue
 
 __all__ = [
@@ -27,11 +27,10 @@ __all__ = [
 
 
 def json_roundtrip(value: Any) -> JsonValue:
-    """``value`` as it reads back from storage; raises ``TypeError``/``ValueError`` if it cannot
-    be stored. Pydantic models and dataclasses are dumped to their JSON form first."""
-    stored = to_json(value)
-    # Only a model's dump has not been through JSON text yet; everything else already has.
-    return json.loads(_ENCODER.encode(stored)) if _is_model(value) else stored
+    """``value`` as it reads back from storage (``to_json``); raises ``TypeError``/``ValueError``
+    if it cannot be stored. Pydantic models and dataclasses are dumped to their JSON form
+    first."""
+    return to_json(value)
 
 
 def storable_text(text: str) -> bool:
@@ -83,13 +82,39 @@ def json_text(value: JsonValue) -> str:
 
 
 def to_json(value: Any) -> JsonValue:
+    """``value``'s JSON form, a copy that shares nothing with it; ``ValueError`` (or
+    ``TypeError``) when no driver could store it: a NaN, an int past what JSON text holds, or
+    nesting deeper than ``MAX_JSON_DEPTH``, which every driver then refuses alike."""
     if _is_flat(value):
         return dict(value)
     if _is_model(value):
-        return cast(JsonValue, value.model_dump(mode="json"))
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = value.model_dump(mode="json")
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
         value = dataclasses.asdict(value)
-    return json.loads(_ENCODER.encode(value))
+    try:
+        text = _ENCODER.encode(value)
+        stored = json.loads(text)
+    except RecursionError:
+        raise ValueError(f"the value nests deeper than {MAX_JSON_DEPTH} levels") from None
+    # Each level needs a bracket of its own: a text with fewer cannot nest too deep.
+    brackets = text.count("[") + text.count("{")
+    if brackets > MAX_JSON_DEPTH and _nests_deeper(stored, MAX_JSON_DEPTH):
+        raise ValueError(f"the value nests deeper than {MAX_JSON_DEPTH} levels")
+    return cast(JsonValue, stored)
+
+
+def _nests_deeper(value: Any, limit: int) -> bool:
+    """Whether ``value`` (a JSON value) holds containers more than ``limit`` levels deep."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if not isinstance(item, dict | list):
+            continue
+        if depth > limit:
+            return True
+        children = item.values() if isinstance(item, dict) else item
+        stack.extend((child, depth + 1) for child in children)
+    return False
 
 
 def _is_model(value: Any) -> bool:
@@ -97,7 +122,10 @@ def _is_model(value: Any) -> bool:
     return callable(getattr(value, "model_dump", None)) and not isinstance(value, type)
 
 
-_SCALARS = frozenset({str, int, bool, type(None)})
+_SCALARS = frozenset({str, bool, type(None)})
+_INT_BOUND = 10**4000
+"""An int past this takes the encoder's path, which refuses one past what Python writes as
+text (4,300 digits): copied as it is, it would be stored by one driver and refused by others."""
 
 
 def _is_flat(value: Any) -> TypeGuard[dict[str, JsonValue]]:
@@ -110,7 +138,12 @@ def _is_flat(value: Any) -> TypeGuard[dict[str, JsonValue]]:
         if type(key) is not str:
             return False
         kind = type(item)
-        if kind not in _SCALARS and not (kind is float and math.isfinite(item)):
+        if kind in _SCALARS:
+            continue
+        if kind is int:
+            if not -_INT_BOUND < item < _INT_BOUND:
+                return False
+        elif not (kind is float and math.isfinite(item)):
             return False
     return True
 

@@ -18,7 +18,7 @@ from functools import partial
 from typing import Any, TypeAlias
 
 from .clock import Clock
-from .constants import TIMEOUT_GRACE_S
+from .constants import MAX_NAME_BYTES, TIMEOUT_GRACE_S
 from .durations import Duration, parse_duration
 from .errors import (
     EventWaitTimeoutError,
@@ -29,7 +29,7 @@ from .errors import (
     StepDuplicateError,
     StepOutputInvalidError,
 )
-from .jsonvalue import json_roundtrip
+from .jsonvalue import json_roundtrip, storable_name
 from .logs import log_event
 from .model import JsonValue, StepKind, StepRecord
 from .protocol import EventBus
@@ -98,11 +98,13 @@ class Step:
         return self._steps
 
     def _enter(self, name: str, kind: StepKind) -> StepRecord | None:
-        if not isinstance(name, str) or not name or "\x00" in name:
-            # Checked before the step runs: a name no store can hold (Postgres text holds no NUL)
-            # would otherwise fail the save after the step's side effect, on every attempt.
+        if not isinstance(name, str) or not name or not storable_name(name):
+            # Checked before the step runs: a name no store can hold (Postgres text holds no NUL,
+            # no driver a lone surrogate, no index a name past MAX_NAME_BYTES) would otherwise
+            # fail the save after the step's side effect, on every attempt.
             raise InvariantError(
-                f"step names must be non-empty strings without NUL, got {name!r:.80}",
+                f"step names must be non-empty strings of at most {MAX_NAME_BYTES} bytes with no "
+                f"NUL character and no lone surrogate, got {name!r:.80}",
                 meta={"step": repr(name)[:80]},
             )
         if name in self._seen:

@@ -20,7 +20,7 @@ from .constants import MAX_CATCH_UP
 from .cron import croniter_module, occurrence_ms
 from .errors import JobDeclarationInvalidError
 from .facade import enqueuer_clock
-from .job import AnyJobHandle, JobHandle
+from .job import AnyJobHandle, JobHandle, awaits_when_called
 from .model import Enqueued, EnqueueRequest
 
 __all__ = ["AnyTaskHandle", "CatchUp", "TaskDescriptor", "TaskHandle", "task"]
@@ -58,7 +58,7 @@ class TaskHandle(registry.Declared):
             raise JobDeclarationInvalidError(
                 "task enqueue must be a function", meta={"field": "enqueue"}
             )
-        if _awaits(enqueue):
+        if awaits_when_called(enqueue):
             raise JobDeclarationInvalidError(
                 "task enqueue must be a plain function answering the occurrence's (job, input) "
                 "pairs, not an async one: describe() and every fire read it without I/O. Work "
@@ -276,11 +276,3 @@ def task(
         )
 
     return declare(enqueue) if enqueue is not None else declare
-
-
-def _awaits(enqueue: object) -> bool:
-    """Whether calling ``enqueue`` answers an awaitable rather than its entries: an ``async def``
-    function, or an object whose ``__call__`` is one."""
-    return inspect.iscoroutinefunction(enqueue) or inspect.iscoroutinefunction(
-        getattr(enqueue, "__call__", None)  # noqa: B004 - the method itself is what is asked
-    )
