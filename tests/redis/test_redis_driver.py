@@ -167,6 +167,20 @@ async def test_a_server_that_does_not_answer_is_x_driver_unavailable(
         await driver.close()
 
 
+async def test_a_cluster_that_cannot_route_a_call_is_x_driver_unavailable() -> None:
+    """redis-py's cluster client raises ClusterError when it cannot route a call (the cluster
+    down, a moving slot's retries spent): the driver's callers see X_DRIVER_UNAVAILABLE."""
+    from ultimat3.jobs.redis.unavailable import reports_unavailable
+
+    @reports_unavailable
+    class Routed:
+        async def call(self) -> None:
+            raise redis.exceptions.ClusterError("TTL exhausted.")
+
+    with pytest.raises(DriverUnavailableError, match="TTL exhausted"):
+        await Routed().call()
+
+
 def test_a_driver_without_a_url_reads_redis_url(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("REDIS_URL", raising=False)
     with pytest.raises(DriverUnavailableError, match="REDIS_URL"):

@@ -14,7 +14,7 @@ import inspect
 from collections.abc import Awaitable, Callable
 from typing import ParamSpec, TypeVar
 
-from redis.exceptions import ConnectionError, TimeoutError
+from redis.exceptions import ClusterError, ConnectionError, TimeoutError
 from ultimat3.jobs.core.errors import DriverUnavailableError
 
 __all__ = ["RedisUnavailableError", "reports_unavailable"]
@@ -31,7 +31,9 @@ class RedisUnavailableError(DriverUnavailableError, ConnectionError):
 
 def reports_unavailable(cls: C) -> C:
     """``cls`` with each of its public coroutine methods raising ``RedisUnavailableError`` (from
-    the original) where redis-py raised ``ConnectionError`` or ``TimeoutError``."""
+    the original) where redis-py raised ``ConnectionError`` or ``TimeoutError``, or its cluster
+    client ``ClusterError`` (it could not route the call: the cluster is down, or a slot is
+    moving and its retries ran out)."""
     for name, member in list(vars(cls).items()):
         if not name.startswith("_") and inspect.iscoroutinefunction(member):
             setattr(cls, name, _translating(member))
@@ -45,7 +47,7 @@ def _translating(method: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]
             return await method(*args, **kwargs)
         except RedisUnavailableError:
             raise
-        except (ConnectionError, TimeoutError) as exc:
+        except (ConnectionError, TimeoutError, ClusterError) as exc:
             raise RedisUnavailableError(
                 f"Redis did not answer ({exc}); check the URL and that the server is up"
             ) from exc
