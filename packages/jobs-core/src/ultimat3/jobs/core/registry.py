@@ -83,9 +83,15 @@ def claim_name(kind: str, name: str, handle: Any, *, explicit: bool) -> None:
     elif explicit:
         table[name] = handle
         _version += 1
-        _waiting[kind].setdefault(name, []).append(held)
+        _wait(kind, name, held)
     else:
-        _waiting[kind].setdefault(name, []).append(handle)
+        _wait(kind, name, handle)
+
+
+def _wait(kind: str, name: str, handle: Any) -> None:
+    waiting = _waiting[kind].setdefault(name, [])
+    if not any(each is handle for each in waiting):
+        waiting.append(handle)
 
 
 def release_name(kind: str, name: str, handle: Any) -> None:
