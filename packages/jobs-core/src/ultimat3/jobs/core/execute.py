@@ -272,10 +272,14 @@ async def execute_job(
 
     if ending.kind == "completed":
         execution.result = ending.result
-        if holds_lease is None:
-            holds_lease = functools.partial(_before, clock, claimed.lease_until)
         options = AckOptions(claimed.claim.worker_id, claimed.claim.claim, execution.duration_ms)
-        if not await _ack_while_held(driver, claimed, options, holds_lease):
+        try:
+            landed = await driver.ack(claimed.id, options)
+        except DriverUnavailableError as exc:
+            if holds_lease is None:
+                holds_lease = functools.partial(_before, clock, claimed.lease_until)
+            landed = await _ack_again(driver, claimed, options, holds_lease, exc)
+        if not landed:
             return _unowned(execution, "ack")
         execution.outcome, execution.settled = "completed", True
         if handle.on_settled is not None:
@@ -310,29 +314,34 @@ def _before(clock: Clock, deadline: datetime) -> bool:
     return clock.now() < deadline
 
 
-async def _ack_while_held(
-    driver: JobDriver, claimed: ClaimedJob, options: AckOptions, holds_lease: Callable[[], bool]
+async def _ack_again(
+    driver: JobDriver,
+    claimed: ClaimedJob,
+    options: AckOptions,
+    holds_lease: Callable[[], bool],
+    failure: DriverUnavailableError,
 ) -> bool:
-    """The ack, sent again after a pause while the driver is unreachable and the run holds its
-    lease. Repeating it is safe: it is fenced on the claim, and one that had landed before its
-    answer was lost answers True again. Once the lease is gone, the failure is raised."""
+    """The ack the driver could not deliver (``failure``), sent again after a pause while the
+    driver stays unreachable and the run holds its lease. Repeating it is safe: it is fenced on
+    the claim, and one that had landed before its answer was lost answers True again. Once the
+    lease is gone, the last failure is raised."""
     pause = ACK_RETRY_FIRST_S
-    while True:
+    while holds_lease():
+        log_event(
+            logging.WARNING,
+            "jobs.ack.retrying",
+            job=claimed.name,
+            job_id=claimed.id,
+            error=repr(failure),
+            retry_in_s=pause,
+        )
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, ACK_RETRY_MAX_S)
         try:
             return await driver.ack(claimed.id, options)
         except DriverUnavailableError as exc:
-            if not holds_lease():
-                raise
-            log_event(
-                logging.WARNING,
-                "jobs.ack.retrying",
-                job=claimed.name,
-                job_id=claimed.id,
-                error=repr(exc),
-                retry_in_s=pause,
-            )
-        await asyncio.sleep(pause)
-        pause = min(pause * 2, ACK_RETRY_MAX_S)
+            failure = exc
+    raise failure
 
 
 async def fail_job(

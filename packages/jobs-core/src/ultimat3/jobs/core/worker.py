@@ -832,7 +832,8 @@ class JobWorker:
             if run.held is not None:
                 held, run.held = run.held, None
                 await self._fleet.release(held)
-            self._give_place_back(run)
+            if run.placed is not None:
+                self._give_place_back(run)
             del self._runs[claimed.id, claimed.claim.claim]
             self._free_slot(run, ring=ran)
 
@@ -842,7 +843,8 @@ class JobWorker:
         next run of the key, claimed at once, must not find it held by the settle and the
         ``on_settled`` hook still on their way (``when_busy='fail'`` refused it)."""
         run.settling = True
-        self._give_place_back(run)
+        if run.placed is not None:
+            self._give_place_back(run)
         if run.held is None:
             self._free_slot(run)
             return None
