@@ -418,3 +418,36 @@ async def test_claims_made_at_once_take_turns_and_never_split_the_order(
         *(store.claim(claimant=f"r{n}", limit=5, lease=30) for n in range(8))
     )
     assert sorted(len(batch) for batch in batches) == [0] * 7 + [5]
+
+
+async def test_staging_on_a_connection_that_builds_raw_cursors(
+    store: PostgresOutboxStore, pg_url: str, clock: FrozenClock
+) -> None:
+    """The caller's connection is the caller's: one whose cursors take $1 placeholders stages
+    as any other."""
+    from psycopg import AsyncRawCursor
+
+    staged = request(clock)
+    async with (
+        await AsyncConnection.connect(
+            pg_url, autocommit=True, cursor_factory=AsyncRawCursor
+        ) as raw,
+        jobs_transaction(raw),
+    ):
+        await store.stage(staged)
+    assert [record.request for record in await store.retained()] == [staged]
+
+
+async def test_staging_in_a_database_without_the_schema_says_how_to_install_it(
+    pg_database_url: str, clock: FrozenClock
+) -> None:
+    from ultimat3.jobs.core import DriverUnavailableError
+
+    async with await AsyncConnection.connect(pg_database_url, autocommit=True) as bare:
+        store = postgres_outbox_store(executor=pg_database_url, clock=clock)
+        try:
+            with pytest.raises(DriverUnavailableError, match="ujobs migrate"):
+                async with jobs_transaction(bare):
+                    await store.stage(request(clock))
+        finally:
+            await store.close()

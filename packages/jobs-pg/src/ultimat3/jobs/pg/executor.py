@@ -49,6 +49,7 @@ __all__ = [
     "DEFAULT_OPEN_TIMEOUT_S",
     "DEFAULT_POOL_MAX",
     "DEFAULT_POOL_MIN",
+    "SCHEMA_MISSING",
     "AnswerLostError",
     "Params",
     "PgExecutor",
@@ -56,6 +57,7 @@ __all__ = [
     "connection_refused",
     "on_the_wire",
     "pg_executor",
+    "schema_missing",
 ]
 
 
@@ -85,12 +87,12 @@ _ROLLED_BACK = (TransactionRollback, DeadlockDetected, SerializationFailure)
 not derive the last two from the first)."""
 
 
-_SCHEMA_MISSING = (UndefinedTable, UndefinedColumn)
+SCHEMA_MISSING = (UndefinedTable, UndefinedColumn)
 """What a statement meets in a database whose tables were never installed, or were installed by
 an older release."""
 
 
-def _schema_missing(error: psycopg.Error) -> DriverUnavailableError:
+def schema_missing(error: psycopg.Error) -> DriverUnavailableError:
     """``error`` (a table or column this package uses is missing) as the operator's next step."""
     return DriverUnavailableError(
         "this database lacks the ultimat3-jobs schema, or has an older one "
@@ -371,8 +373,8 @@ class PgExecutor:
                 if retry:
                     raise
                 # a deadlock or serialization victim: nothing was applied, so it runs again
-            except _SCHEMA_MISSING as exc:
-                raise _schema_missing(exc) from exc
+            except SCHEMA_MISSING as exc:
+                raise schema_missing(exc) from exc
             except psycopg.OperationalError as exc:
                 if used is None:  # no connection came: the pool timed out, or could not dial
                     raise DriverUnavailableError(

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
-from psycopg import AsyncConnection
+from psycopg import AsyncConnection, AsyncCursor
 from psycopg.pq import TransactionStatus
 
 from ultimat3.jobs.core.clock import SYSTEM_CLOCK, Clock
@@ -27,7 +27,7 @@ from ultimat3.jobs.core.durations import Duration, parse_duration
 from ultimat3.jobs.core.errors import InvariantError, OutboxNoTxError
 from ultimat3.jobs.core.model import EnqueueRequest, OutboxRecord
 
-from .executor import PgTarget, pg_executor
+from .executor import SCHEMA_MISSING, PgTarget, pg_executor, schema_missing
 from .rows import request_params, utc, utc_or_none
 from .sql_outbox import (
     SQL_OUTBOX_CLAIM,
@@ -77,7 +77,12 @@ class PostgresOutboxStore:
                 "jobs_transaction(conn):`",
                 meta={"job": request.name},
             )
-        await conn.execute(SQL_OUTBOX_STAGE, stage_params(request, self._clock))
+        # A cursor of psycopg's own: the caller's connection may build raw ($1) cursors.
+        async with AsyncCursor(conn) as cursor:
+            try:
+                await cursor.execute(SQL_OUTBOX_STAGE, stage_params(request, self._clock))
+            except SCHEMA_MISSING as exc:
+                raise schema_missing(exc) from exc
 
     async def claim(self, *, claimant: str, limit: int, lease: float) -> list[OutboxRecord]:
         now = self._clock.now()
