@@ -603,3 +603,30 @@ async def test_a_relay_whose_passes_keep_failing_backs_off_like_an_idle_one(
     await relay.stop()
     tries = 10_000 - flaky.fail
     assert tries < 40  # backing off to the idle ceiling, not one try every 200 ms (300 a minute)
+
+
+async def test_a_publish_deduped_then_not_retired_is_not_published_again(
+    driver: MemoryJobDriver, clock: FrozenClock, store: MemoryOutboxStore
+) -> None:
+    """The staged job met a live job holding its key: nothing was inserted under its id. Its
+    retirement failed, and by the time the batch came round again the live job had finished:
+    a second publish would have inserted a row, and run the work twice."""
+    live = await driver.enqueue(request(1))
+    staged = request(1)
+    await store.stage(staged)
+    original = store.mark_published
+
+    async def blip(ids: Sequence[str], *, claimant: str) -> int:
+        store.mark_published = original  # type: ignore[method-assign]
+        raise ConnectionError("the connection died")
+
+    store.mark_published = blip  # type: ignore[method-assign]
+    relay = relay_of(store, driver, clock)
+    with pytest.raises(ConnectionError):
+        await relay.run_once()
+    claimed = await driver.claim(worker_id="w", slots={"billing": 1}, visibility_timeout=30)
+    assert [job.id for job in claimed.jobs] == [live.id]
+    await driver.ack(live.id, _ack(claimed.jobs[0]))
+    assert await relay.run_once() == 1
+    assert store.retained() == []
+    assert [(row.id, row.state) for row in await job_rows(driver)] == [(live.id, JobState.DONE)]

@@ -134,6 +134,12 @@ class OutboxRelay:
                 meta={"field": "claim_lease"},
             )
         self._batch = batch
+        self._unretired: set[str] = set()
+        """Ids this relay published whose retirement failed (a blip on the store): taken again,
+        they are retired without a second publish. A first publish deduped against a live job
+        inserted nothing under its id, and once that job finished a second one would insert a
+        row, and run the job twice. (A relay that dies there leaves this to the next one, which
+        publishes again: that case stays.)"""
         self._interval = positive_seconds(interval, "interval")
         self._idle_max = (
             None if idle_poll_max is None else positive_seconds(idle_poll_max, "idle_poll_max")
@@ -249,14 +255,21 @@ class OutboxRelay:
         records = await self._store.claim(claimant=claimant, limit=self._batch, lease=self._lease)
         if not records:
             return 0
-        requests = [record.request for record in records]
-        ids = [request.id for request in requests]
+        ids = [record.request.id for record in records]
+        requests = [
+            record.request for record in records if record.request.id not in self._unretired
+        ]
         try:
             enqueued = await self._driver.enqueue_many(requests)
         except BaseException:
             await self._store.release(ids, claimant=claimant)
             raise
-        await self._store.mark_published(ids, claimant=claimant)
+        try:
+            await self._store.mark_published(ids, claimant=claimant)
+        except BaseException:
+            self._unretired.update(ids)
+            raise
+        self._unretired.difference_update(ids)
         for queue in {r.queue for r, e in zip(requests, enqueued, strict=True) if not e.deduped}:
             signal_enqueued(queue)
         return len(records)
