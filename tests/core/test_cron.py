@@ -140,6 +140,44 @@ def test_an_hourly_task_fires_on_both_passes_of_the_repeated_hour() -> None:
     ]
 
 
+@pytest.mark.parametrize("cron", ["@hourly", "@HOURLY", "@Hourly"])
+def test_the_hourly_macro_keeps_its_pace_in_any_case(cron: str) -> None:
+    """croniter reads a macro in any case: so does the rule for the repeated hour."""
+    start = datetime(2026, 11, 1, 4, 30, tzinfo=UTC)  # 00:30 EDT
+    found = fires(cron, "America/New_York", start, start + timedelta(hours=2, minutes=30))
+    assert [local(at, "America/New_York") for at in found] == [
+        "2026-11-01T01:00:00-04:00",
+        "2026-11-01T01:00:00-05:00",
+        "2026-11-01T02:00:00-05:00",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("cron", "tz", "start", "expected"),
+    [
+        (
+            "*/30 2 * 10 0",  # Sundays of October only: the next first pass is a year away
+            "Europe/Paris",
+            datetime(2026, 10, 25, 0, 15, tzinfo=UTC),  # 02:15 CEST, the first pass
+            ["2026-10-25T02:30:00+02:00", "2026-10-25T02:00:00+01:00", "2026-10-25T02:30:00+01:00"],
+        ),
+        (
+            "*/15 1 1 11 *",  # the first of November only
+            "America/New_York",
+            datetime(2026, 11, 1, 5, 50, tzinfo=UTC),  # 01:50 EDT, the first pass
+            [f"2026-11-01T01:{m:02d}:00-05:00" for m in (0, 15, 30, 45)],
+        ),
+    ],
+)
+def test_a_sparse_cron_fires_the_second_pass_of_the_repeated_hour(
+    cron: str, tz: str, start: datetime, expected: list[str]
+) -> None:
+    """Its next first-pass match lies a season or a year on, where the offset is back to the
+    summer one: the clocks going back in between were missed, and the second pass with them."""
+    found = fires(cron, tz, start, start + timedelta(hours=3))
+    assert [local(at, tz) for at in found] == expected
+
+
 @pytest.mark.parametrize("tz", ["America/New_York", "Europe/London", "Australia/Lord_Howe"])
 def test_a_quarter_hourly_task_never_pauses_on_the_autumn_switch_day(tz: str) -> None:
     zone = ZoneInfo(tz)

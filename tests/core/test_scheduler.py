@@ -691,3 +691,16 @@ async def test_a_clock_set_back_does_not_stop_the_leader_renewing(
     clock.at += timedelta(seconds=10)
     await scheduler.run_once()
     assert [(at - START).total_seconds() for at in leader.asked] == [0, -1800, -1790]
+
+
+@pytest.mark.parametrize("ttl", [True, 0, -1, "never"], ids=repr)
+def test_a_leaders_ttl_that_is_not_a_positive_duration_is_refused(
+    driver: MemoryJobDriver, ttl: object
+) -> None:
+    with pytest.raises(InvariantError):
+        lease_store_leader(driver.leases, ttl=ttl)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("ttl", ["30s", timedelta(seconds=30), 30])
+def test_a_leaders_ttl_is_any_duration(driver: MemoryJobDriver, ttl: object) -> None:
+    assert lease_store_leader(driver.leases, ttl=ttl).ttl == 30  # type: ignore[arg-type]

@@ -33,6 +33,9 @@ async def send_digest_for_tasks(*, input: Day) -> None:
         "right/Europe/Paris",
         "right/UTC",
         "posix/Europe/Paris",
+        "America",  # a directory of the zone database
+        "America/Argentina",
+        "A" * 300,  # a name no file system holds
     ],
 )
 def test_a_tz_that_is_not_an_iana_zone_is_refused(tz: str) -> None:
@@ -171,8 +174,19 @@ def test_the_decorator_form_takes_the_occurrence() -> None:
     assert value == Day("300000")
 
 
-def test_an_entry_that_is_not_a_job_is_refused() -> None:
-    odd = task(cron="0 * * * *", tz="UTC", enqueue=lambda: [("send_digest", {})])
+@pytest.mark.parametrize(
+    "produced",
+    [
+        [("send_digest", {})],
+        (send_digest_for_tasks, Day("1")),  # one pair, not a list of pairs
+        [send_digest_for_tasks],
+        [(send_digest_for_tasks, Day("1"), "extra")],
+        None,
+    ],
+    ids=["a name, not a job", "one pair", "a bare job", "a triple", "nothing"],
+)
+def test_an_entry_that_is_not_a_job_input_pair_is_refused(produced: object) -> None:
+    odd = task(cron="0 * * * *", tz="UTC", enqueue=lambda: produced)
     with pytest.raises(JobDeclarationInvalidError):
         odd.entries()
 

@@ -80,7 +80,12 @@ def next_occurrence(cron: str, zone: ZoneInfo, after: datetime) -> datetime:
         instant = _instant(walls.get_next(datetime), zone)
         if instant > after:
             break
-    if _keeps_pace(cron) and _clocks_go_back(zone, after - _REPEAT_MAX, instant):
+    # A second pass after ``after`` starts within _REPEAT_MAX of it: the clocks must go back in
+    # that window (not only by ``instant``, which a sparse cron may put a season or a year on,
+    # where the offset is back to what it was).
+    if _keeps_pace(cron) and _clocks_go_back(
+        zone, after - _REPEAT_MAX, min(instant, after + _REPEAT_MAX)
+    ):
         return _second_pass(cron, zone, after, instant) or instant
     return instant
 
@@ -89,7 +94,7 @@ def _keeps_pace(cron: str) -> bool:
     """Whether the schedule fires on both passes of a repeated hour: a ``*`` in its minute or
     hour field (``@hourly`` among the macros)."""
     if cron.startswith("@"):
-        return cron.strip() == "@hourly"
+        return cron.strip().lower() == "@hourly"  # croniter reads macros in any case
     minute, hour = cron.split()[:2]
     return "*" in minute or "*" in hour
 

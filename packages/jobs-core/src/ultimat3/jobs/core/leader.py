@@ -8,20 +8,19 @@ driver's lease store it elects within one process; over a server's it elects acr
 
 from __future__ import annotations
 
-from .errors import InvariantError
+from .durations import Duration
 from .ids import new_id
+from .lifecycle import positive_seconds
 from .protocol import LeaseStore
 
 __all__ = ["LeaseStoreLeader", "lease_store_leader"]
 
 
 class LeaseStoreLeader:
-    def __init__(self, leases: LeaseStore, *, name: str, ttl: float, holder: str) -> None:
-        if not ttl > 0:
-            raise InvariantError(f"ttl={ttl!r} must be positive seconds", meta={"ttl": ttl})
+    def __init__(self, leases: LeaseStore, *, name: str, ttl: Duration, holder: str) -> None:
+        self._ttl = positive_seconds(ttl, "ttl")
         self._leases = leases
         self._key = f"leader:{name}"
-        self._ttl = float(ttl)
         self.holder = holder
 
     @property
@@ -38,7 +37,11 @@ class LeaseStoreLeader:
 
 
 def lease_store_leader(
-    leases: LeaseStore, *, name: str = "scheduler", ttl: float = 30.0, holder: str | None = None
+    leases: LeaseStore,
+    *,
+    name: str = "scheduler",
+    ttl: Duration = 30.0,
+    holder: str | None = None,
 ) -> LeaseStoreLeader:
     """A leader for the scheduler named ``name``; ``ttl`` seconds without a renewal free it. The
     scheduler renews it, and a standby asks for it, every third of ``ttl`` (10 s by default)."""

@@ -8,7 +8,7 @@ cheap. Work that reads the database (one job per row) is a fan-out JOB the task 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal, TypeAlias, overload
@@ -95,14 +95,19 @@ class TaskHandle(registry.Declared):
             else self._enqueue()  # type: ignore[call-arg]
         )
         pairs: list[tuple[AnyJobHandle, Any]] = []
-        for entry in produced:
-            handle, value = entry
-            if not isinstance(handle, JobHandle):
+        for entry in produced if isinstance(produced, Iterable) else [produced]:
+            if (
+                isinstance(entry, str | bytes)
+                or not isinstance(entry, Sequence)
+                or len(entry) != 2
+                or not isinstance(entry[0], JobHandle)
+            ):
                 raise JobDeclarationInvalidError(
-                    f"task {self.name!r} must enqueue job handles, got {handle!r}",
+                    f"task {self.name!r} must enqueue a list of (job, input) pairs, got "
+                    f"{entry!r:.120} among them",
                     meta={"task": self.name},
                 )
-            pairs.append((handle, value))
+            pairs.append((entry[0], entry[1]))
         return pairs
 
     def requests(self, occurrence_ms: int, *, clock: Clock) -> list[EnqueueRequest]:
@@ -222,7 +227,7 @@ def _check_tz(tz: Any) -> str:
         if tz in _HOST_ZONES or tz.startswith(_HOST_ZONE_TREES):
             raise ValueError(f"{tz!r} names no zone every host computes alike")
         ZoneInfo(tz)
-    except (ZoneInfoNotFoundError, ValueError) as exc:
+    except (ZoneInfoNotFoundError, ValueError, OSError) as exc:  # OSError: a directory, a long name
         raise JobDeclarationInvalidError(
             f"tz {tz!r} is not an IANA timezone (e.g. 'America/Bogota', 'Europe/Paris', 'UTC')",
             meta={"field": "tz"},

@@ -27,8 +27,9 @@ from collections.abc import Sequence
 from datetime import timedelta
 
 from ultimat3.jobs.core.clock import SYSTEM_CLOCK, Clock
-from ultimat3.jobs.core.errors import InvariantError
+from ultimat3.jobs.core.durations import Duration
 from ultimat3.jobs.core.ids import new_id
+from ultimat3.jobs.core.lifecycle import positive_seconds
 from ultimat3.jobs.core.model import Enqueued, EnqueueRequest
 
 from .executor import PgTarget, pg_executor
@@ -143,12 +144,9 @@ class PostgresLeaseLeader:
     ``postgres_lease_leader()``."""
 
     def __init__(
-        self, executor: PgTarget, *, name: str, ttl: float, holder: str, clock: Clock
+        self, executor: PgTarget, *, name: str, ttl: Duration, holder: str, clock: Clock
     ) -> None:
-        if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not ttl > 0:
-            raise InvariantError(
-                f"ttl={ttl!r} must be a positive number of seconds", meta={"field": "ttl"}
-            )
+        ttl = positive_seconds(ttl, "ttl")
         self._executor = pg_executor(executor)
         self._owns_executor = isinstance(executor, str)
         self.name = name
@@ -202,7 +200,7 @@ def postgres_lease_leader(
     *,
     executor: PgTarget,
     name: str = "scheduler",
-    ttl: float = DEFAULT_LEADER_TTL_S,
+    ttl: Duration = DEFAULT_LEADER_TTL_S,
     holder: str | None = None,
     clock: Clock = SYSTEM_CLOCK,
 ) -> PostgresLeaseLeader:

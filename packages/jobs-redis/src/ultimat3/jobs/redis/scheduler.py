@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import cast
 
+from ultimat3.jobs.core.durations import Duration
 from ultimat3.jobs.core.leader import LeaseStoreLeader, lease_store_leader
 from ultimat3.jobs.core.model import Enqueued, EnqueueRequest
 
@@ -87,7 +88,7 @@ def redis_lease_leader(
     driver: RedisJobDriver,
     *,
     name: str = "scheduler",
-    ttl: float = DEFAULT_LEADER_TTL_S,
+    ttl: Duration = DEFAULT_LEADER_TTL_S,
     holder: str | None = None,
 ) -> LeaseStoreLeader:
     """One leader among every node naming the same ``name`` in ``driver``'s namespace, its lease
