@@ -115,7 +115,10 @@ dropped_steps as (
 ),
 moved as (
     update x_jobs j
-    set state = 'ready', attempt = 0, run_at = %(now)s, last_error = null, progress = null,
+    -- Due now; a row cancelled while it ran (it kept that run's lease_until), once that run is
+    -- over, so the runs never overlap.
+    set state = 'ready', attempt = 0, last_error = null, progress = null,
+        run_at = greatest(%(now)s, coalesce(j.lease_until, %(now)s)),
         updated_at = %(now)s, finished_at = null, worker_id = null, claim = null,
         lease_until = null
     from allowed a
@@ -137,10 +140,13 @@ SQL_JOB_CANCEL = """
 -- Parameters: id, error (the last_error to record), now.
 -- Stops a LIVE row (ready, delayed, running, suspended); a finished row is left as it ended. A
 -- running row's worker finds out at its next heartbeat or settle: both are fenced on state =
--- 'running', so the cancelled run can neither renew nor un-cancel it.
+-- 'running', so the cancelled run can neither renew nor un-cancel it. A running row keeps its
+-- lease_until: the cancelled run stops by then (its worker's heartbeat, or the lease lost), and a
+-- requeue makes the row due no earlier, so the run it starts never runs beside the cancelled one.
 update x_jobs
 set state = 'cancelled', last_error = %(error)s, updated_at = %(now)s, finished_at = %(now)s,
-    worker_id = null, claim = null, lease_until = null
+    worker_id = null, claim = null,
+    lease_until = case when state = 'running' then lease_until end
 where id = %(id)s
   -- `is true`: by primary key, never the live-key index a plain IN would let the planner read
   -- whole (see sql_settle.py)
@@ -208,7 +214,10 @@ chosen as (
 ),
 moved as (
     update x_jobs j
-    set state = 'ready', attempt = 0, run_at = %(now)s, last_error = null, progress = null,
+    -- Due now; a row cancelled while it ran (it kept that run's lease_until), once that run is
+    -- over, so the runs never overlap.
+    set state = 'ready', attempt = 0, last_error = null, progress = null,
+        run_at = greatest(%(now)s, coalesce(j.lease_until, %(now)s)),
         updated_at = %(now)s, finished_at = null, worker_id = null, claim = null,
         lease_until = null
     from chosen c

@@ -150,7 +150,8 @@ def _at(row: Mapping[str, str], field: str) -> datetime | None:
 
 def read_row(row: Mapping[str, str]) -> JobRow:
     """A row as the operator sees it; the claim fields a row keeps after it stopped running
-    (the scripts leave them, see ``move``) are read only while it runs."""
+    (the scripts leave them, see ``move``) are read only while it runs. ``stops`` is set only on
+    a row cancelled while it ran, and cleared when it is queued again."""
     state = JobState(row["state"])
     running = state is JobState.RUNNING
     return JobRow(
@@ -171,7 +172,8 @@ def read_row(row: Mapping[str, str]) -> JobRow:
         last_error=row.get("error"),
         progress=_progress(row.get("progress")),
         worker_id=row.get("worker") if running else None,
-        lease_until=_at(row, "lease") if running else None,
+        # A row cancelled while it ran shows when that run stops at the latest (cancel.lua).
+        lease_until=_at(row, "lease" if running else "stops"),
         enqueued_by=row.get("by"),
         traceparent=row.get("trace"),
     )

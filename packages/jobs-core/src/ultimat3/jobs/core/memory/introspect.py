@@ -104,8 +104,11 @@ class MemoryIntrospection:
         return row.public()
 
     def _ready(self, row: Row) -> None:
+        """Back in its queue from scratch: due now, or, a row cancelled while it ran, once that
+        run's lease is over (by then its worker has stopped it, or lost it)."""
+        now = self._state.now()
         row.attempt = 0
-        row.run_at = self._state.now()
+        row.run_at = max(now, row.lease_until or now)
         row.last_error = None
         row.progress = None
         self._state.move(row, JobState.READY)
@@ -116,7 +119,9 @@ class MemoryIntrospection:
         if row is None or row.state not in LIVE_STATES:
             return None
         row.last_error = refusals.cancel_note(reason)
+        stops_by = row.lease_until if row.state is JobState.RUNNING else None
         self._state.move(row, JobState.CANCELLED)
+        row.lease_until = stops_by  # the cancelled run stops by then: a requeue waits for it
         return row.public()
 
     async def promote(self, job_id: str) -> JobRow:

@@ -3,8 +3,14 @@
 -- finished (it is left exactly as it ended). A running row keeps its worker and claim fields,
 -- as every row leaving running does; it is no longer running, and every fence checks that
 -- first, so its worker's heartbeat, steps, progress and settle all answer 0.
+-- A running row records when its run stops at the latest (`stops`, its lease): a requeue makes
+-- the row due no earlier, so the run it starts never runs beside the cancelled one.
 local row = load(ARGV[4])
 if not row or not LIVE[row.state] then return false end
-redis.call('HSET', k_job(ARGV[4]), 'error', ARGV[5])
+local jk = k_job(ARGV[4])
+redis.call('HSET', jk, 'error', ARGV[5])
+if row.state == 'running' then
+  redis.call('HSET', jk, 'stops', redis.call('HGET', jk, 'lease'))
+end
 move(row, 'cancelled')
-return redis.call('HGETALL', k_job(ARGV[4]))
+return redis.call('HGETALL', jk)

@@ -285,8 +285,11 @@ end
 local function ready_again(row)
   local jk = k_job(row.id)
   redis.call('HSET', jk, 'attempt', 0)
-  redis.call('HDEL', jk, 'error', 'progress')
+  -- Due now; a row cancelled while it ran, once that run is over (cancel.lua's `stops`).
+  local stops = redis.call('HGET', jk, 'stops')
   row.run_at = NOW
+  if stops and tonumber(stops) > NOW_N then row.run_at = stops end
+  redis.call('HDEL', jk, 'error', 'progress', 'stops')
   move(row, 'ready')
   redis.call('HDEL', jk, 'finished')
 end

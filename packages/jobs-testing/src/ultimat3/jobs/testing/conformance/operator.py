@@ -243,12 +243,48 @@ class OperatorRules:
         held = await jobs.running()
         row = await jobs.introspect.cancel(held.id, "runaway")
         assert row is not None
-        assert (row.state, row.worker_id, row.lease_until) == (JobState.CANCELLED, None, None)
+        assert (row.state, row.worker_id) == (JobState.CANCELLED, None)
+        assert row.lease_until == held.lease_until  # when the cancelled run stops at the latest
         jobs.clock.set(held.lease_until)
         jobs.advance(1)
         batch = await jobs.claim(held.queue, 10)
         assert (list(batch.jobs), list(batch.exhausted)) == ([], [])
         assert (await jobs.row(held.id)).state is JobState.CANCELLED
+
+    async def test_a_row_cancelled_while_it_ran_is_requeued_due_when_that_run_is_over(
+        self, jobs: Conformance
+    ) -> None:
+        """The cancelled run stops at its worker's next heartbeat, or when its lease is lost:
+        until then a requeued row claimed at once would run beside it."""
+        held = await jobs.running()
+        assert await jobs.introspect.cancel(held.id) is not None
+        jobs.advance(1)
+        row = await jobs.introspect.requeue(held.id)
+        assert (row.state, row.run_at, row.lease_until) == (JobState.READY, held.lease_until, None)
+        assert await jobs.claimed_ids(held.queue) == []
+        jobs.clock.set(held.lease_until)
+        assert await jobs.claimed_ids(held.queue) == [held.id]
+
+    async def test_a_row_cancelled_while_it_waited_is_requeued_due_now(
+        self, jobs: Conformance
+    ) -> None:
+        queued = await jobs.enqueue()
+        cancelled = await jobs.introspect.cancel(queued.id)
+        assert cancelled is not None
+        assert cancelled.lease_until is None
+        jobs.advance(1)
+        assert (await jobs.introspect.requeue(queued.id)).run_at == jobs.now()
+
+    async def test_requeue_many_waits_for_the_runs_its_rows_were_cancelled_in(
+        self, jobs: Conformance
+    ) -> None:
+        held = await jobs.running()
+        assert await jobs.introspect.cancel(held.id) is not None
+        assert await jobs.introspect.requeue_many(BulkFilter(JobState.CANCELLED)) == BulkResult(
+            1, 0
+        )
+        assert (await jobs.row(held.id)).run_at == held.lease_until
+        assert await jobs.claimed_ids(held.queue) == []
 
     async def test_cancel_of_a_finished_row_answers_none_and_leaves_it(
         self, jobs: Conformance
