@@ -11,6 +11,8 @@ local jk = k_job(ARGV[4])
 redis.call('HSET', jk, 'error', ARGV[5])
 if row.state == 'running' then
   redis.call('HSET', jk, 'stops', redis.call('HGET', jk, 'lease'))
+else
+  redis.call('HDEL', jk, 'stops')
 end
 move(row, 'cancelled')
 return redis.call('HGETALL', jk)
