@@ -351,6 +351,22 @@ async def test_a_nack_sent_again_after_an_operator_cancelled_the_row_answers_fal
     assert detail.row.state is JobState.CANCELLED
 
 
+async def test_a_nack_sent_again_after_a_cancel_and_a_requeue_answers_false(
+    relay: Relay, relayed: RedisJobDriver, new_request: RequestBuilder
+) -> None:
+    """The requeued row is ready, as the nack would have sent it: it must not read as the nack
+    having landed because it still carried the cancelled run's worker and claim."""
+    queued = await relayed.enqueue(new_request())
+    (job,) = (await relayed.claim(worker_id="w", slots={"q": 1}, visibility_timeout=30)).jobs
+    await relayed.introspect.cancel(queued.id)
+    await relayed.introspect.requeue(queued.id)
+    relay.drop_at_next_reply()
+    assert not await relayed.nack(job.id, NackOptions("w", job.claim.claim, error="x"))
+    detail = await relayed.introspect.get(queued.id)
+    assert detail is not None
+    assert (detail.row.state, detail.row.last_error) == (JobState.READY, None)
+
+
 async def test_a_claim_whose_reply_was_lost_answers_the_rows_it_took_and_no_more(
     relay: Relay, relayed: RedisJobDriver, new_request: RequestBuilder
 ) -> None:

@@ -289,7 +289,9 @@ local function ready_again(row)
   local stops = redis.call('HGET', jk, 'stops')
   row.run_at = NOW
   if stops and tonumber(stops) > NOW_N then row.run_at = stops end
-  redis.call('HDEL', jk, 'error', 'progress', 'stops')
+  -- A fresh row: no run it had is its own any more, so a late settle of one reads its nack
+  -- as not landed (driver.py's read-back compares these fields).
+  redis.call('HDEL', jk, 'error', 'progress', 'stops', 'worker', 'claim')
   move(row, 'ready')
   redis.call('HDEL', jk, 'finished')
 end
