@@ -464,6 +464,27 @@ async def test_a_nack_sent_again_after_an_operator_cancelled_the_row_answers_fal
     assert await count(lossy, "select count(*) from x_jobs where state = 'cancelled'") == 1
 
 
+async def test_a_stale_nack_sent_again_after_another_run_nacked_the_row_alike_answers_false(
+    lossy: PostgresJobDriver, faults: Faults, clock: FrozenClock
+) -> None:
+    """This run's lease lapsed, another claim ran the job and dead-lettered it: the row is
+    dead and held by no claim, as this nack would have left it, but another run put it there
+    (its on_settled was told, and must not be told again for this one)."""
+    await lossy.enqueue(request(clock, max_attempts=2))
+    stale = await claim_one(lossy)
+    clock.advance(31)
+    [second] = (await lossy.claim(worker_id="other", slots={"q": 1}, visibility_timeout=30)).jobs
+    terminal = NackOptions("other", second.claim.claim, error="second", dead_letter=True)
+    assert await lossy.nack(second.id, terminal)
+    clock.advance(1)
+    faults.fail_before_sending()
+    assert not await lossy.nack(
+        stale.id, NackOptions("w", stale.claim.claim, error="first", dead_letter=True)
+    )
+    dead = "select count(*) from x_jobs where state = 'dead' and last_error = 'second'"
+    assert await count(lossy, dead) == 1
+
+
 async def test_a_lease_acquire_whose_answer_was_lost_answers_the_slot_it_took(
     lossy: PostgresJobDriver, faults: Faults
 ) -> None:

@@ -435,16 +435,17 @@ class PostgresJobDriver:
         """The answers of a nack batch whose answer was lost. Sent again, a nack lands only on
         a row the first one did not move (each is fenced on its claim, which a landed nack
         cleared), and is counted only there. A row the second one does not land on answers by
-        what it holds now: in the state its nack sent it to, and held by no claim, the first
-        one landed (a row another claim buried in the meantime holds that claim's token, and
-        reads as not landed). Raising instead would leave a final attempt whose nack had not
+        what it holds now: in the state its nack sent it to, held by no claim and stamped at
+        this batch's instant, the first one landed (a row another claim buried in the meantime
+        holds that claim's token, and one another run settled since bears that run's instant:
+        both read as not landed). Raising instead would leave a final attempt whose nack had not
         landed to lapse, buried under LEASE_LAPSED_FINAL_ATTEMPT in place of the error that
         ended it."""
         again = {row[0] for row in await self._executor.fetch(SQL_NACK, params)}
         settled = dict(
             await self._executor.fetch(
                 SQL_UNCLAIMED_STATES,
-                {"ids": [row[0] for row in batch if row[0] not in again]},
+                {"ids": [row[0] for row in batch if row[0] not in again], "now": params["now"]},
                 idempotent=True,
             )
         )

@@ -151,14 +151,17 @@ select id from nacked
 """
 
 SQL_UNCLAIMED_STATES = """
--- Parameters: ids[].
+-- Parameters: ids[], now (the instant the nack batch stamped).
 -- The state of each of these rows that no claim holds (a nack and an operator's action leave
--- none; a burial leaves the burying claim's token): how a nack batch whose answer was lost
--- learns which of its nacks had landed.
+-- none; a burial leaves the burying claim's token) and that was last changed at ``now``: how a
+-- nack batch whose answer was lost learns which of its nacks had landed. A row another run
+-- settled since (claimed again after this run's lease lapsed, and nacked to the same state)
+-- was stamped at that run's instant, and reads as not landed.
 select id, state
 from x_jobs
 where id = any(%(ids)s::text[])
   and claim is null
+  and updated_at = %(now)s
 """
 
 SQL_HEARTBEAT = """
