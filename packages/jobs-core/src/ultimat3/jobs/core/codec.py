@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any, Generic, TypeVar, cast
 
 from .errors import JobDeclarationInvalidError, JobInputInvalidError
-from .jsonvalue import to_json
+from .jsonvalue import json_roundtrip
 from .model import JsonValue
 
 __all__ = ["InputCodec"]
@@ -85,9 +85,9 @@ class InputCodec(Generic[InputT]):
         first claim, where the row would dead-letter without its body running."""
         try:
             if self.kind == "pydantic":  # by alias: what model_validate reads
-                stored = to_json(cast(Any, value).model_dump(mode="json", by_alias=True))
+                stored = json_roundtrip(cast(Any, value).model_dump(mode="json", by_alias=True))
             else:
-                stored = to_json(value)
+                stored = json_roundtrip(value)
         except (TypeError, ValueError) as exc:
             raise JobInputInvalidError(
                 f"input of type {self.type_name} cannot be stored as JSON: {exc}",

@@ -22,7 +22,7 @@ from .constants import DEFAULT_EVENT_TTL_S
 from .errors import InvariantError
 from .facade import installed_driver
 from .ids import new_id
-from .jsonvalue import json_contains, json_roundtrip, storable_strings, storable_text
+from .jsonvalue import json_contains, storable_text, stored_json
 from .model import EventRecord, JsonValue
 from .protocol import EventBus, JobDriver
 
@@ -52,18 +52,9 @@ def event_name(event: str) -> str:
 
 
 def event_json(value: object, field: str) -> JsonValue:
-    """A payload or match as every bus stores and compares it (``json_roundtrip``), refused
-    (``X_INVARIANT``) when a string in it, key or value, holds a NUL character or a lone
-    surrogate: the Postgres bus's jsonb keeps neither, and the others must not keep what it
-    refuses."""
-    stored = json_roundtrip(value)
-    if not storable_strings(stored):
-        raise InvariantError(
-            f"an event's {field} holds a string with a NUL character or a lone surrogate, which "
-            "no bus stores; encode such bytes (base64, say) before publishing",
-            meta={"field": field},
-        )
-    return stored
+    """A payload or match as every bus stores and compares it, refused (``X_INVARIANT``) where no
+    bus stores it alike (``stored_json``)."""
+    return stored_json(value, f"an event's {field}", field)
 
 
 class MemoryEventBus:

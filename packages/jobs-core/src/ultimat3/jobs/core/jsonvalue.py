@@ -12,6 +12,7 @@ from typing import Any, TypeGuard, cast
 from uuid import UUID
 
 from .constants import MAX_JSON_DEPTH, MAX_NAME_BYTES
+from .errors import InvariantError
 from .model import JsonValue
 
 __all__ = [
@@ -22,15 +23,8 @@ __all__ = [
     "storable_name",
     "storable_strings",
     "storable_text",
-    "to_json",
+    "stored_json",
 ]
-
-
-def json_roundtrip(value: Any) -> JsonValue:
-    """``value`` as it reads back from storage (``to_json``); raises ``TypeError``/``ValueError``
-    if it cannot be stored. Pydantic models and dataclasses are dumped to their JSON form
-    first."""
-    return to_json(value)
 
 
 def storable_text(text: str) -> bool:
@@ -65,6 +59,23 @@ def storable_form(text: str) -> str:
     return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
 
 
+def stored_json(value: object, what: str, field: str) -> JsonValue:
+    """``value`` as every driver stores it (``json_roundtrip``), refused (``X_INVARIANT``, with
+    ``field``) when it has no JSON form, or a string in it, key or value, holds a NUL character
+    or a lone surrogate, which Postgres keeps in no jsonb. ``what`` names it in the message."""
+    try:
+        stored = json_roundtrip(value)
+    except (TypeError, ValueError) as exc:
+        raise InvariantError(f"{what} must be a JSON value: {exc}", meta={"field": field}) from exc
+    if not storable_strings(stored):
+        raise InvariantError(
+            f"{what} holds a string with a NUL character or a lone surrogate, which no driver "
+            "stores; encode such bytes (base64, say) first",
+            meta={"field": field},
+        )
+    return stored
+
+
 def storable_strings(value: JsonValue) -> bool:
     """Whether every string in ``value``, keys included, is ``storable_text``."""
     if isinstance(value, str):
@@ -81,10 +92,11 @@ def json_text(value: JsonValue) -> str:
     return _TEXT.encode(value)
 
 
-def to_json(value: Any) -> JsonValue:
-    """``value``'s JSON form, a copy that shares nothing with it; ``ValueError`` (or
-    ``TypeError``) when no driver could store it: a NaN, an int past what JSON text holds, or
-    nesting deeper than ``MAX_JSON_DEPTH``, which every driver then refuses alike."""
+def json_roundtrip(value: Any) -> JsonValue:
+    """``value`` as it reads back from storage: its JSON form (a pydantic model or a dataclass
+    dumped first), a copy that shares nothing with it. ``ValueError`` (or ``TypeError``) when
+    no driver could store it: a NaN, an int past what JSON text holds, or nesting deeper than
+    ``MAX_JSON_DEPTH``, which every driver then refuses alike."""
     if _is_flat(value):
         return dict(value)
     if _is_model(value):

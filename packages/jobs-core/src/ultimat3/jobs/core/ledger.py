@@ -8,8 +8,9 @@ names no pass; a failure's text is spelled so every ledger can keep it.
 
 from __future__ import annotations
 
+from .constants import MAX_NAME_BYTES
 from .errors import InvariantError
-from .jsonvalue import json_roundtrip, storable_form, storable_strings, storable_text
+from .jsonvalue import storable_form, storable_name, stored_json
 from .model import JsonValue
 
 __all__ = [
@@ -23,12 +24,13 @@ __all__ = [
 
 
 def ledger_text(value: object, field: str, *, empty: bool = False) -> str:
-    """A name, run id, checksum or app version to write: a string every ledger stores as text
-    (no NUL character, no lone surrogate), and not empty unless ``empty``."""
-    if not isinstance(value, str) or (not value and not empty) or not storable_text(value):
+    """A name, run id, checksum or app version to write: a string every ledger stores and keys
+    a row by (``storable_name``), and not empty unless ``empty``."""
+    if not isinstance(value, str) or (not value and not empty) or not storable_name(value):
         raise InvariantError(
-            f"a backfill pass's {field} must be a{'' if empty else ' non-empty'} string with no "
-            f"NUL character and no lone surrogate, got {value!r:.80}",
+            f"a backfill pass's {field} must be a{'' if empty else ' non-empty'} string of at "
+            f"most {MAX_NAME_BYTES} bytes with no NUL character and no lone surrogate, got "
+            f"{value!r:.80}",
             meta={"field": field},
         )
     return value
@@ -37,7 +39,7 @@ def ledger_text(value: object, field: str, *, empty: bool = False) -> str:
 def names_a_pass(value: str | None) -> bool:
     """Whether a name, run id or status looked up can name a stored pass: one no ledger could
     have stored names none, and every ledger answers so (no pass, no row changed)."""
-    return value is None or storable_text(value)
+    return value is None or storable_name(value)
 
 
 def ledger_rows(rows: object) -> int:
@@ -52,21 +54,8 @@ def ledger_rows(rows: object) -> int:
 
 def ledger_cursor(cursor: object) -> JsonValue:
     """The cursor as every ledger stores and answers it: its JSON form (a tuple reads back as a
-    list), a copy of the caller's value. One JSON cannot hold, or holding a string no ledger
-    stores, is refused."""
-    try:
-        stored = json_roundtrip(cursor)
-    except (TypeError, ValueError) as exc:
-        raise InvariantError(
-            f"a backfill cursor must be a JSON value: {exc}", meta={"field": "cursor"}
-        ) from exc
-    if not storable_strings(stored):
-        raise InvariantError(
-            "a backfill cursor holds a string with a NUL character or a lone surrogate, which "
-            "no ledger stores; encode such bytes (base64, say) first",
-            meta={"field": "cursor"},
-        )
-    return stored
+    list), a copy of the caller's value (``stored_json``)."""
+    return stored_json(cursor, "a backfill cursor", "cursor")
 
 
 def ledger_error(error: object) -> str:

@@ -184,7 +184,7 @@ class BackfillRules:
         for rows in (1.5, -1, True, "3"):
             with pytest.raises(InvariantError):
                 await ledger.complete("run-1", rows=rows, cursor=None)  # type: ignore[arg-type]
-        for name in ("", "b\x00", "b\udcff"):
+        for name in ("", "b\x00", "b\udcff", "b" * 501):
             with pytest.raises(InvariantError):
                 await ledger.begin(name=name, run_id="run-2", checksum="c1")
             with pytest.raises(InvariantError):

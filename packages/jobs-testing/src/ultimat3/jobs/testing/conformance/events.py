@@ -7,6 +7,7 @@ time only through ``bus.now()`` and never move it.
 from __future__ import annotations
 
 import asyncio
+import math
 from datetime import timedelta
 
 import pytest
@@ -128,6 +129,16 @@ class EventBusRules:
         assert found is not None
         assert found.payload == payload
         assert exactly(found.payload) == exactly(payload)  # True stays true, 2.5 a float
+
+    async def test_a_payload_with_no_json_form_is_refused_alike(self, jobs: Conformance) -> None:
+        """A NaN, an object JSON cannot write: X_INVARIANT on every bus, before anything is
+        stored."""
+        bus = jobs.events
+        since = await bus.now()
+        for payload in ({"ratio": math.nan}, {"at": object()}):
+            with pytest.raises(InvariantError):
+                await bus.publish("e", payload)  # type: ignore[arg-type]
+        assert await bus.lookup("e", since=since) is None
 
     async def test_text_no_bus_stores_is_refused_alike(self, jobs: Conformance) -> None:
         """A NUL character or a lone surrogate, in the name or anywhere in the payload or the
